@@ -1,0 +1,114 @@
+"""WorkerContext: the narrow view of one rank that a workload builds itself from.
+
+Owns device placement, precision (autocast and GradScaler), memory format, DDP wrapping, compile
+and DataLoader construction, so every workload applies the hardware axes the same way. Does not
+own process-group start-up: Ray Train (trial.py) or the local runner (bench.py) does that and
+hands in the ranks; this module never imports ray.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset
+from torch.utils.data.distributed import DistributedSampler
+
+from raybench.spec import HardwareSpec
+
+_AUTOCAST_DTYPES = {"amp_fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass
+class WorkerContext:
+    rank: int
+    local_rank: int
+    world_size: int
+    node_rank: int
+    device: torch.device
+    hardware: HardwareSpec
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1 and dist.is_available() and dist.is_initialized()
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    def synchronize(self) -> None:
+        """Wait for queued device work; the step timer calls this inside the timed region."""
+        if self.is_cuda:
+            torch.cuda.synchronize(self.device)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        dtype = _AUTOCAST_DTYPES.get(self.hardware.precision)
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=dtype)
+
+    def grad_scaler(self) -> torch.amp.GradScaler | None:
+        # fp16 needs loss scaling against gradient underflow; bf16 has fp32's exponent range.
+        if self.hardware.precision != "amp_fp16":
+            return None
+        return torch.amp.GradScaler(self.device.type)
+
+    def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Device, memory format, DDP and compile, in the order PyTorch recommends."""
+        model = model.to(self.device)
+        if self.hardware.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        if self.distributed:
+            ids = [self.device.index] if self.is_cuda else None
+            model = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+        if self.hardware.compile:
+            model = torch.compile(model)
+        return model
+
+    def prepare_images(self, images: torch.Tensor) -> torch.Tensor:
+        images = images.to(self.device, non_blocking=True)
+        if self.hardware.channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        return images
+
+    def make_loader(self, dataset: Dataset, batch_size: int, shuffle: bool = True) -> DataLoader:
+        """A DataLoader sharded across ranks; `dataloader_workers` is a real sweep axis here."""
+        sampler = None
+        if self.distributed:
+            sampler = DistributedSampler(dataset, self.world_size, self.rank, shuffle=shuffle)
+        workers = self.hardware.dataloader_workers
+        return DataLoader(
+            dataset,
+            batch_size=batch_size,
+            sampler=sampler,
+            shuffle=shuffle and sampler is None,
+            num_workers=workers,
+            pin_memory=self.is_cuda,
+            drop_last=True,
+            persistent_workers=workers > 0,
+            prefetch_factor=4 if workers > 0 else None,
+        )
+
+    def all_reduce_max(self, value: float) -> float:
+        if not self.distributed:
+            return value
+        t = torch.tensor([value], dtype=torch.float64, device=self._collective_device())
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t.item())
+
+    def barrier(self) -> None:
+        if self.distributed:
+            dist.barrier()
+
+    def gather(self, obj: object) -> list[object] | None:
+        """Every rank's object on rank 0 (None elsewhere); a single rank gets [obj]."""
+        if not self.distributed:
+            return [obj]
+        out: list[object] = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out if self.rank == 0 else None
+
+    def _collective_device(self) -> torch.device:
+        return self.device if dist.get_backend() == "nccl" else torch.device("cpu")

@@ -1,0 +1,154 @@
+"""Grid expansion: SweepSpec -> ordered list of fully resolved TrialSpecs, plus placement checks.
+
+Pure: deterministic order (grid keys as written, values as listed, the last key varying fastest),
+a stable key per trial (hash of its resolved config), every combination validated. Owns the
+resources a trial asks for. Does not look at any cluster (plan.py does).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from raybench import workloads
+from raybench.spec import (
+    HardwareSpec,
+    MeasureSpec,
+    SpecError,
+    SweepSpec,
+    build_model,
+)
+from raybench.workloads import WorkloadParams
+
+# Grid keys may be written short ("batch_size") when the name exists in one section only.
+GRID_SECTIONS = ("workload", "hardware", "measure")
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    index: int
+    key: str
+    sweep: str
+    workload_name: str
+    workload: WorkloadParams
+    hardware: HardwareSpec
+    measure: MeasureSpec
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+    def config(self) -> dict[str, Any]:
+        """Flat `section.field` config, as results columns."""
+        flat = {"workload.name": self.workload_name}
+        for section in GRID_SECTIONS:
+            for k, v in getattr(self, section).model_dump().items():
+                flat[f"{section}.{k}"] = v
+        return flat
+
+    def resources(self) -> dict[str, Any]:
+        hw = self.hardware
+        per_worker = {"CPU": hw.cpus_per_worker, **({"GPU": 1} if hw.use_gpu else {})}
+        total = {k: v * hw.world_size for k, v in per_worker.items()}
+        return {"workers": hw.world_size, "per_worker": per_worker, "total": total}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index, "key": self.key, "sweep": self.sweep,
+            "workload_name": self.workload_name, "workload": self.workload.model_dump(),
+            "hardware": self.hardware.model_dump(), "measure": self.measure.model_dump(),
+            "overrides": self.overrides,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrialSpec:
+        params = workloads.get(d["workload_name"]).Params.model_validate(d["workload"])
+        return cls(
+            index=d["index"], key=d["key"], sweep=d["sweep"], workload_name=d["workload_name"],
+            workload=params, hardware=HardwareSpec.model_validate(d["hardware"]),
+            measure=MeasureSpec.model_validate(d["measure"]), overrides=d.get("overrides", {}),
+        )
+
+
+def resolve_key(key: str, spec: SweepSpec) -> str:
+    """`batch_size` -> `workload.batch_size`; a dotted key must name a known field."""
+    models = _section_models(spec)
+    if "." in key:
+        section, _, name = key.partition(".")
+        if section in models and name in models[section].model_fields:
+            return key
+    else:
+        owners = [s for s in GRID_SECTIONS if key in models[s].model_fields]
+        if len(owners) == 1:
+            return f"{owners[0]}.{key}"
+        if len(owners) > 1:
+            raise SpecError(spec.source, f"grid.{key}", None, f"is ambiguous ({owners})",
+                            f"write it in full, e.g. grid.{owners[0]}.{key}")
+    known = [f"{s}.{f}" for s in GRID_SECTIONS for f in models[s].model_fields]
+    close = [k for k in known if k.endswith("." + key.rpartition(".")[2])]
+    raise SpecError(spec.source, f"grid.{key}", None, "is not a workload, hardware or measure field",
+                    f"use one of {close or known}")
+
+
+def expand(spec: SweepSpec) -> list[TrialSpec]:
+    """Every grid combination as a validated TrialSpec, in a deterministic order."""
+    axes: list[tuple[str, list[Any]]] = []
+    for key, values in spec.grid.items():
+        if not isinstance(values, list) or not values:
+            raise SpecError(spec.source, f"grid.{key}", values, "must be a non-empty list",
+                            f"write grid.{key}: [value, ...]")
+        axes.append((resolve_key(key, spec), values))
+    _check_axis_values(spec, axes)
+    trials = []
+    for combo in itertools.product(*(values for _, values in axes)):
+        overrides = {key: value for (key, _), value in zip(axes, combo, strict=True)}
+        trials.append(_resolve(spec, len(trials), overrides))
+    return trials
+
+
+def _section_models(spec: SweepSpec) -> dict[str, type]:
+    return {"workload": type(spec.workload), "hardware": HardwareSpec, "measure": MeasureSpec}
+
+
+def _base(spec: SweepSpec, section: str) -> dict[str, Any]:
+    return getattr(spec, section).model_dump(exclude_unset=section == "measure")
+
+
+def _check_axis_values(spec: SweepSpec, axes: list[tuple[str, list[Any]]]) -> None:
+    """Each value alone, so an error points at grid.key[i] rather than at a combination."""
+    models = _section_models(spec)
+    for key, values in axes:
+        section, _, name = key.partition(".")
+        for i, value in enumerate(values):
+            data = {**_base(spec, section), name: value}
+            try:
+                build_model(models[section], data, section, spec.source)
+            except SpecError as e:
+                if e.path != f"{section}.{name}":
+                    continue  # a cross-field problem: reported for the combination below
+                raise SpecError(spec.source, f"grid.{key}[{i}]", value, e.problem, e.fix) from None
+
+
+def _resolve(spec: SweepSpec, index: int, overrides: dict[str, Any]) -> TrialSpec:
+    models = _section_models(spec)
+    resolved = {}
+    for section in GRID_SECTIONS:
+        data = _base(spec, section)
+        data.update({k.partition(".")[2]: v for k, v in overrides.items()
+                     if k.startswith(section + ".")})
+        where = f"grid combination {overrides}" if overrides else section
+        try:
+            resolved[section] = build_model(models[section], data, section, spec.source)
+        except SpecError as e:
+            raise SpecError(spec.source, f"{e.path} in {where}", e.value, e.problem,
+                            "change the grid so every combination is valid") from None
+    key = trial_key(spec.workload_name, resolved)
+    return TrialSpec(index=index, key=key, sweep=spec.name, workload_name=spec.workload_name,
+                     overrides=overrides, **resolved)
+
+
+def trial_key(workload_name: str, sections: dict[str, Any]) -> str:
+    payload = {"workload.name": workload_name,
+               **{s: sections[s].model_dump(mode="json") for s in GRID_SECTIONS}}
+    blob = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]

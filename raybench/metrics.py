@@ -1,0 +1,98 @@
+"""Per-rank timings -> one flat dict of `namespace/quantity_unit` metrics for a results row.
+
+Owns the statistics and their definitions: global throughput is the SUM of every rank's own
+samples/s (never rank 0 times world size, never a mean), step-time percentiles pool every rank's
+measured steps, CV% is std/mean of step time, skew compares the slowest and fastest rank. Pure.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+import numpy as np
+
+PERCENTILES = (50, 90, 95, 99)
+
+
+def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Metrics of one trial from every rank's record (see worker.measure_rank)."""
+    records = sorted(records, key=lambda r: r["rank"])
+    step_ms = np.concatenate([_step_ms(r) for r in records])
+    wait_ms = np.concatenate([np.asarray(r["wait_s"]) * 1e3 for r in records])
+    compute_ms = np.concatenate([np.asarray(r["compute_s"]) * 1e3 for r in records])
+    per_rank = [_rank_throughput(r) for r in records]
+    repeats = _repeat_throughputs(records)
+    rank_means = [float(_step_ms(r).mean()) for r in records]
+    mean = float(step_ms.mean())
+    std = float(step_ms.std(ddof=1)) if step_ms.size > 1 else 0.0
+    first = records[0]
+    out: dict[str, Any] = {
+        "train/samples_per_s": float(sum(per_rank)),
+        "train/samples_per_s_per_worker": float(sum(per_rank) / len(per_rank)),
+        "train/global_batch_size": int(sum(r["samples_per_step"] for r in records)),
+        "train/world_size": len(records),
+        "train/step_time_mean_ms": mean,
+        "train/step_time_std_ms": std,
+        **{f"train/step_time_p{q}_ms": float(np.percentile(step_ms, q)) for q in PERCENTILES},
+        "train/step_time_cv_pct": 100.0 * std / mean if mean > 0 else None,
+        "train/compute_time_mean_ms": float(compute_ms.mean()),
+        "train/data_wait_mean_ms": float(wait_ms.mean()),
+        "train/data_wait_pct": 100.0 * float(wait_ms.sum() / step_ms.sum()),
+        "train/rank_skew_pct": 100.0 * (max(rank_means) / min(rank_means) - 1.0),
+        "train/repeat_cv_pct": _cv(repeats),
+        "train/measured_steps": int(len(first["compute_s"])),
+        "train/measured_s": float(max(sum(r["windows_s"]) for r in records)),
+        "train/warmup_s": float(max(sum(r["warmup_s"]) for r in records)),
+        "train/setup_s": float(max(r["setup_s"] for r in records)),
+        "train/loss_final": first["loss_final"],
+        "mem/peak_allocated_mb": _max(records, "peak_allocated_mb"),
+        "mem/peak_reserved_mb": _max(records, "peak_reserved_mb"),
+        "host/rss_peak_mb": _max(records, "rss_peak_mb"),
+        "model/params_m": first["params"] / 1e6,
+        "model/size_mb": first["model_size_mb"],
+    }
+    return out
+
+
+def per_rank_table(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Where each rank ran and how fast: for spotting slow nodes and GPUs."""
+    return [
+        {
+            "rank": r["rank"], "node_rank": r["node_rank"], "local_rank": r["local_rank"],
+            "hostname": r["hostname"], "device": r["device"], "device_name": r["device_name"],
+            "samples_per_s": _rank_throughput(r),
+            "step_time_mean_ms": float(_step_ms(r).mean()),
+            "data_wait_mean_ms": float(np.mean(r["wait_s"]) * 1e3),
+        }
+        for r in sorted(records, key=lambda r: r["rank"])
+    ]
+
+
+def _step_ms(r: dict[str, Any]) -> np.ndarray:
+    return (np.asarray(r["wait_s"]) + np.asarray(r["compute_s"])) * 1e3
+
+
+def _rank_throughput(r: dict[str, Any]) -> float:
+    """Samples this rank processed over the wall time of its measured windows."""
+    samples = r["samples_per_step"] * len(r["compute_s"])
+    return samples / sum(r["windows_s"])
+
+
+def _repeat_throughputs(records: list[dict[str, Any]]) -> list[float]:
+    n = len(records[0]["windows_s"])
+    return [
+        sum(r["samples_per_step"] * r["steps_per_window"] / r["windows_s"][i] for r in records)
+        for i in range(n)
+    ]
+
+
+def _cv(values: list[float]) -> float | None:
+    if len(values) < 2:
+        return None
+    return 100.0 * statistics.stdev(values) / statistics.mean(values)
+
+
+def _max(records: list[dict[str, Any]], key: str) -> float | None:
+    values = [r[key] for r in records if r.get(key) is not None]
+    return float(max(values)) if values else None

@@ -1,0 +1,68 @@
+"""The plan: which trials a cluster can ever hold, and the `--dry-run` printout.
+
+Owns the placement check (totals across nodes, and each worker on a single node) used both by the
+dry run and by the sweep before it starts anything. Ray's own "can never fit" check needs an
+autoscaler config, so without this an impossible trial would wait for its start deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from raybench import cluster
+from raybench.grid import TrialSpec
+from raybench.spec import SweepSpec
+
+
+def dry_run(spec: SweepSpec, trials: list[TrialSpec], address: str | None) -> int:
+    """Print the plan; exit code 2 if any trial can never fit, else 0. Runs nothing."""
+    nodes, where = _nodes_for_plan(address)
+    print(f"sweep {spec.name} ({spec.source}): {len(trials)} trials, workload "
+          f"{spec.workload_name}, system {spec.system.label}; planned against {where}: "
+          f"{_shape(nodes)}")
+    bad = 0
+    for t in trials:
+        why = placement(t, nodes)
+        bad += why is not None
+        res = t.resources()
+        print(f"  [{t.index:3d}] {t.key}  {json.dumps(t.overrides, sort_keys=True)}  "
+              f"workers={res['workers']} per_worker={res['per_worker']}  "
+              f"{'fits' if why is None else 'NEVER FITS: ' + why}")
+    if bad:
+        print(f"raybench: {bad} of {len(trials)} trials can never be placed on {where}",
+              file=sys.stderr)
+        return 2
+    return 0
+
+
+def _nodes_for_plan(address: str | None) -> tuple[list[dict[str, float]], str]:
+    if cluster.target(address):
+        cluster.connect(address)
+        return cluster.nodes(), f"cluster {cluster.target(address)}"
+    return [cluster.local_shape()], "an embedded Ray on this machine"
+
+
+def _shape(nodes: list[dict[str, float]]) -> str:
+    cpu = sum(n.get("CPU", 0) for n in nodes)
+    gpu = sum(n.get("GPU", 0) for n in nodes)
+    return f"{len(nodes)} node(s), {cpu:g} CPUs, {gpu:g} GPUs"
+
+
+def placement(trial: TrialSpec, nodes: list[dict[str, float]]) -> str | None:
+    """None if the trial can ever be placed on these nodes (their total resources), else why."""
+    res = trial.resources()
+    have = {k: sum(n.get(k, 0.0) for n in nodes) for k in res["total"]}
+    short = [k for k, v in res["total"].items() if v > have[k] + 1e-9]
+    if short:
+        need = ", ".join(f"{k}={res['total'][k]:g}" for k in short)
+        got = ", ".join(f"{k}={have[k]:g}" for k in short)
+        return f"needs {need} in all ({res['workers']} workers) but the cluster has {got}"
+    # Each worker must fit on a single node; count how many workers every node can hold.
+    slots = 0
+    for n in nodes:
+        slots += min(int(n.get(k, 0.0) // v + 1e-9) for k, v in res["per_worker"].items() if v > 0)
+    if slots < res["workers"]:
+        return (f"needs {res['workers']} workers of {res['per_worker']} but the nodes hold "
+                f"only {slots} such workers")
+    return None

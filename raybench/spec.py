@@ -1,0 +1,263 @@
+"""The sweep spec: YAML schema, `--set` overrides and validation, all before Ray starts.
+
+Owns the pydantic models of every YAML section and the one error type (`SpecError`) whose message
+names the file, the dotted path, the bad value and the fix. Does not own grid expansion (grid.py)
+nor a workload's own parameters: each workload validates its block with its own `Params` model.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from raybench import workloads
+from raybench.workloads import WorkloadParams
+
+Precision = Literal["fp32", "amp_fp16", "bf16"]
+
+
+class SpecError(ValueError):
+    """A sweep file or override is invalid; the message is one paragraph a user can act on."""
+
+    def __init__(self, source: str, path: str, value: Any, problem: str, fix: str):
+        self.source, self.path, self.value = source, path, value
+        self.problem, self.fix = problem, fix
+        shown = repr(value) if not isinstance(value, str) or len(value) < 80 else repr(value[:77])
+        super().__init__(f"{source}: {path}={shown}: {problem}. Fix: {fix}")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SystemSpec(Strict):
+    """The machine a sweep is written for; used to plan and to label results."""
+
+    label: str = Field(min_length=1)
+    nodes: int = Field(1, ge=1)
+    gpus_per_node: int = Field(0, ge=0)
+    gpu_model: str | None = None
+    gpu_memory_gb: float | None = Field(None, gt=0)
+    cpus_per_node: int | None = Field(None, ge=1)
+    memory_gb: float | None = Field(None, gt=0)
+
+
+class HardwareSpec(Strict):
+    """How one trial uses the hardware: ranks, precision, memory format, input pipeline."""
+
+    num_gpus: int = Field(0, ge=0, description="DDP ranks with one GPU each; 0 runs on CPU")
+    cpu_workers: int = Field(1, ge=1, description="DDP ranks when num_gpus is 0")
+    cpus_per_worker: float = Field(1.0, gt=0, description="logical CPUs reserved per rank")
+    precision: Precision = "fp32"
+    channels_last: bool = False
+    dataloader_workers: int = Field(2, ge=0)
+    compile: bool = False
+
+    @property
+    def world_size(self) -> int:
+        return self.num_gpus or self.cpu_workers
+
+    @property
+    def use_gpu(self) -> bool:
+        return self.num_gpus > 0
+
+
+class MeasureSpec(Strict):
+    """The timed window: warmup is discarded; then fixed steps or a time window, `repeats` times."""
+
+    warmup_steps: int = Field(5, ge=0)
+    measure_steps: int | None = Field(None, ge=1)
+    measure_seconds: float | None = Field(None, gt=0)
+    repeats: int = Field(1, ge=1)
+
+    @model_validator(mode="after")
+    def _window(self) -> MeasureSpec:
+        if self.measure_steps is not None and self.measure_seconds is not None:
+            raise ValueError("set measure_steps or measure_seconds, not both")
+        if self.measure_steps is None and self.measure_seconds is None:
+            object.__setattr__(self, "measure_steps", 20)
+        if self.measure_steps is not None and self.warmup_steps >= self.measure_steps:
+            raise ValueError(
+                f"warmup_steps ({self.warmup_steps}) must be < measure_steps "
+                f"({self.measure_steps}): a window no longer than its warmup measures little"
+            )
+        if self.measure_seconds is not None and self.warmup_steps < 2:
+            raise ValueError("measure_seconds needs warmup_steps >= 2 to size the window")
+        return self
+
+
+class ExecutionSpec(Strict):
+    """How trials are launched; placement that never happens must fail fast, not hang."""
+
+    start_timeout_s: float = Field(30.0, gt=0, description="worker group placement deadline")
+
+
+class OutputSpec(Strict):
+    root: str = "results"
+    dir: str | None = None  # exact run directory; default <root>/<name>/<UTC timestamp>
+
+
+class SweepSpec(Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    system: SystemSpec
+    workload_name: str
+    workload: WorkloadParams
+    hardware: HardwareSpec = HardwareSpec()
+    grid: dict[str, list[Any]] = Field(default_factory=dict)
+    measure: MeasureSpec = MeasureSpec()
+    execution: ExecutionSpec = ExecutionSpec()
+    output: OutputSpec = OutputSpec()
+    source: str = "<memory>"
+
+    def to_yaml_dict(self) -> dict[str, Any]:
+        """The resolved spec in the YAML layout it was read from."""
+        return {
+            "name": self.name,
+            "system": self.system.model_dump(),
+            "workload": {"name": self.workload_name, **self.workload.model_dump()},
+            "hardware": self.hardware.model_dump(),
+            "grid": self.grid,
+            "measure": self.measure.model_dump(),
+            "execution": self.execution.model_dump(),
+            "output": self.output.model_dump(),
+        }
+
+
+SECTIONS: dict[str, type[Strict]] = {
+    "system": SystemSpec,
+    "hardware": HardwareSpec,
+    "measure": MeasureSpec,
+    "execution": ExecutionSpec,
+    "output": OutputSpec,
+}
+TOP_KEYS = ["name", "system", "workload", "hardware", "grid", "measure", "execution", "output"]
+
+
+def load_sweep(path: str | Path, overrides: list[str] | None = None) -> SweepSpec:
+    """Read, override and validate a sweep file. Raises SpecError; has no side effects."""
+    source = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise SpecError(source, "<file>", str(path), f"cannot be read ({e.strerror})",
+                        "pass the path of an existing sweep YAML file") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown line"
+        raise SpecError(source, "<yaml>", where, f"malformed YAML ({getattr(e, 'problem', e)})",
+                        "correct the YAML syntax at that line") from None
+    if not isinstance(raw, dict):
+        raise SpecError(source, "<top>", raw, "a sweep file must be a mapping",
+                        f"write a mapping with the keys {', '.join(TOP_KEYS)}")
+    for item in overrides or []:
+        apply_override(raw, item, source)
+    return validate_sweep(raw, source)
+
+
+def apply_override(raw: dict[str, Any], item: str, source: str) -> None:
+    """Apply one `--set dotted.key=value` (value parsed as YAML) to the raw mapping."""
+    key, sep, text = item.partition("=")
+    if not sep or not key:
+        raise SpecError(source, "--set", item, "an override must look like dotted.key=value",
+                        "write e.g. --set measure.measure_steps=10")
+    value = yaml.safe_load(text)
+    if key.startswith("grid."):  # grid keys themselves contain dots: split once
+        raw.setdefault("grid", {})[key[len("grid."):]] = value
+        return
+    node = raw
+    parts = key.split(".")
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise SpecError(source, f"--set {key}", value, f"'{part}' is not a section",
+                            "override a key inside a mapping section")
+    node[parts[-1]] = value
+
+
+def validate_sweep(raw: dict[str, Any], source: str = "<memory>") -> SweepSpec:
+    _reject_unknown(raw, TOP_KEYS, "", source)
+    for key in ("name", "system", "workload"):
+        if key not in raw:
+            raise SpecError(source, key, None, "is required",
+                            f"add a '{key}:' section (see sweeps/local_cpu.yaml)")
+    name = raw["name"]
+    if not isinstance(name, str) or not name or not all(c.isalnum() or c in "_.-" for c in name):
+        raise SpecError(source, "name", name, "must be a non-empty word of letters, digits, _ . -",
+                        "use a name such as dgx_a100")
+    sections = {k: _section(raw, k, model, source) for k, model in SECTIONS.items()}
+    workload_name, params = validate_workload(raw.get("workload"), source)
+    grid = raw.get("grid") or {}
+    if not isinstance(grid, dict):
+        raise SpecError(source, "grid", grid, "must map dotted keys to lists of values",
+                        "write e.g. grid: {batch_size: [16, 32]}")
+    return SweepSpec(name=name, workload_name=workload_name, workload=params, grid=grid,
+                     source=source, **sections)
+
+
+def validate_workload(block: Any, source: str) -> tuple[str, WorkloadParams]:
+    if not isinstance(block, dict) or "name" not in block:
+        raise SpecError(source, "workload", block, "must be a mapping with a 'name'",
+                        f"write workload: {{name: ...}} with one of {workloads.names()}")
+    name = block["name"]
+    try:
+        cls = workloads.get(name)
+    except KeyError:
+        close = difflib.get_close_matches(str(name), workloads.names(), n=1)
+        hint = f"did you mean '{close[0]}'? " if close else ""
+        raise SpecError(source, "workload.name", name, "is not a registered workload",
+                        f"{hint}use one of {workloads.names()}") from None
+    params = {k: v for k, v in block.items() if k != "name"}
+    return name, build_model(cls.Params, params, "workload", source)
+
+
+def build_model(model: type[BaseModel], data: Any, path: str, source: str) -> Any:
+    """Validate `data` against `model`, turning the first pydantic error into a SpecError."""
+    if not isinstance(data, dict):
+        raise SpecError(source, path, data, "must be a mapping", f"write {path}: as key: value lines")
+    _reject_unknown(data, list(model.model_fields), path, source)
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        where = f"{path}.{loc}" if loc else path
+        value = err.get("input") if loc else data
+        raise SpecError(source, where, value, _problem(err), _fix(model, err)) from None
+
+
+def _section(raw: dict[str, Any], key: str, model: type[BaseModel], source: str) -> Any:
+    if key not in raw or raw[key] is None:
+        return model() if key != "system" else None
+    return build_model(model, raw[key], key, source)
+
+
+def _reject_unknown(data: dict[str, Any], known: list[str], path: str, source: str) -> None:
+    for key in data:
+        if key not in known and not (path == "workload" and key == "name"):
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f"did you mean '{close[0]}'?" if close else f"valid keys: {', '.join(known)}"
+            where = f"{path}.{key}" if path else str(key)
+            raise SpecError(source, where, data[key], "unknown key", hint)
+
+
+def _problem(err: dict[str, Any]) -> str:
+    msg = err["msg"]
+    return msg[len("Value error, "):] if msg.startswith("Value error, ") else msg
+
+
+def _fix(model: type[BaseModel], err: dict[str, Any]) -> str:
+    field = model.model_fields.get(str(err["loc"][0])) if err["loc"] else None
+    if field is None:
+        return "change the values so the section is consistent"
+    desc = f" ({field.description})" if field.description else ""
+    return f"give a value of type {_type_name(field.annotation)}{desc}"
+
+
+def _type_name(annotation: Any) -> str:
+    return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")

@@ -1,0 +1,211 @@
+"""`python -m raybench.sweep SWEEP.yaml`: a whole sweep, from YAML to results table.
+
+Owns the CLI, the run directory, the Tune grid (the only module importing ray.tune: one function
+trial per TrialSpec, one at a time) and the driver-side writer that appends a row as soon as each
+trial ends. Trials that can never be placed become `infeasible` rows without being started.
+Exit codes: 0 all trials ok, 3 some trials failed, 2 invalid input or unusable cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from raybench import cluster, plan
+from raybench.grid import TrialSpec, expand
+from raybench.results import ResultsTable, make_row
+from raybench.spec import SpecError, SweepSpec, load_sweep
+
+log = logging.getLogger("raybench.sweep")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
+                        datefmt="%H:%M:%S")
+    try:
+        spec = load_sweep(args.sweep, args.set)
+        trials = expand(spec)
+    except SpecError as e:
+        print(f"raybench: invalid sweep: {e}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        return plan.dry_run(spec, trials, args.address)
+    try:
+        out = run_directory(spec, args.output)
+    except SpecError as e:
+        print(f"raybench: {e}", file=sys.stderr)
+        return 2
+    summary = run_sweep(spec, trials, out, args.address)
+    print(json.dumps({"raybench": summary}), flush=True)
+    return 0 if summary["failed"] == 0 else 3
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m raybench.sweep", description=__doc__.split("\n")[0])
+    p.add_argument("sweep", help="sweep YAML file, e.g. sweeps/local_cpu.yaml")
+    p.add_argument("--set", action="append", default=[], metavar="dotted.key=value",
+                   help="override a spec value (YAML syntax), e.g. --set grid.batch_size=[8,16]")
+    p.add_argument("--dry-run", action="store_true", help="print the plan and run nothing")
+    p.add_argument("--output", help="run directory (default <output.root>/<name>/<UTC time>)")
+    p.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else embedded)")
+    return p
+
+
+def run_directory(spec: SweepSpec, override: str | None) -> Path:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    out = Path(override or spec.output.dir or Path(spec.output.root) / spec.name / stamp)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".write_test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise SpecError(spec.source, "output.dir", str(out), f"cannot be written ({e.strerror})",
+                        "choose a writable directory with --output or output.root") from None
+    return out.resolve()
+
+
+def run_sweep(spec: SweepSpec, trials: list[TrialSpec], out: Path,
+              address: str | None = None) -> dict[str, Any]:
+    """Run every trial on Ray and return the summary; rows are on disk as each trial ends."""
+    from raybench import sysinfo  # torch import is slow; the dry run does not need it
+
+    t0 = time.monotonic()
+    run_id = out.name
+    started = cluster.connect(address)
+    try:
+        (out / "sweep.yaml").write_text(yaml.safe_dump(spec.to_yaml_dict(), sort_keys=False))
+        info = sysinfo.collect(cluster.describe())
+        (out / "system_info.json").write_text(json.dumps(info, indent=1))
+        writer = RowWriter(spec, run_id, ResultsTable(out))
+        runnable = []
+        nodes = cluster.nodes()
+        for t in trials:
+            why = plan.placement(t, nodes)
+            if why:
+                log.error("trial %d (%s) can never be placed: %s", t.index, t.key, why)
+                writer.write(t, {"status": "infeasible", "error": why, "metrics": {}})
+            else:
+                runnable.append(t)
+        if runnable:
+            _tune(spec, runnable, out, writer)
+        for t in runnable:  # a trial Tune lost without a result is still a row
+            if t.key not in writer.done:
+                writer.write(t, {"status": "error", "error": "trial ended without a result",
+                                 "metrics": {}})
+    finally:
+        if started:
+            import ray
+
+            ray.shutdown()
+    return writer.summary(out, time.monotonic() - t0)
+
+
+def _tune(spec: SweepSpec, trials: list[TrialSpec], out: Path, writer: RowWriter) -> None:
+    from ray import tune
+
+    from raybench.trial import run_trial
+
+    # Tune's CSV/JSON/TensorBoard loggers would duplicate our table; ours is the record.
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    # ...so Tune's end-of-run analysis finds no result.json; its warning about that is noise.
+    logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
+    storage = out / "ray"
+    timeout = spec.execution.start_timeout_s
+
+    def tune_trial(config: dict[str, Any], trial_dicts: list[dict[str, Any]]) -> None:
+        trial = TrialSpec.from_dict(trial_dicts[config["trial"]])
+        start = _now()
+        outcome = run_trial(trial, storage, timeout)
+        outcome.update(start_time=start, end_time=_now())
+        tune.report({"raybench_outcome": json.dumps(outcome)})
+
+    class Writer(tune.Callback):
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            outcome = json.loads(result["raybench_outcome"])
+            writer.write(by_index[trial.config["trial"]], outcome)
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            t = by_index[trial.config["trial"]]
+            if t.key not in writer.done:
+                writer.write(t, {"status": "error", "metrics": {},
+                                 "error": f"Tune trial failed: {_read(trial.error_file)}"})
+
+    by_index = {i: t for i, t in enumerate(trials)}
+    tuner = tune.Tuner(
+        tune.with_resources(
+            tune.with_parameters(tune_trial, trial_dicts=[t.to_dict() for t in trials]),
+            {"cpu": 0.01},  # the trainer's workers hold the real resources; {"cpu": 0} is rejected
+        ),
+        param_space={"trial": tune.grid_search(list(by_index))},
+        tune_config=tune.TuneConfig(max_concurrent_trials=1, reuse_actors=False),
+        run_config=tune.RunConfig(
+            name="tune", storage_path=str(storage), verbose=0, callbacks=[Writer()],
+            failure_config=tune.FailureConfig(max_failures=0),
+        ),
+    )
+    tuner.fit()
+
+
+class RowWriter:
+    """Turns trial outcomes into rows and trial files; remembers what is written."""
+
+    def __init__(self, spec: SweepSpec, run_id: str, table: ResultsTable):
+        self.spec, self.run_id, self.table = spec, run_id, table
+        self.done: dict[str, str] = {}
+
+    def write(self, trial: TrialSpec, outcome: dict[str, Any]) -> None:
+        now = _now()
+        row = make_row(
+            sweep=self.spec.name, run_id=self.run_id, system=self.spec.system.label, trial=trial,
+            status=outcome["status"], error=outcome.get("error"), metrics=outcome["metrics"],
+            start=outcome.get("start_time", now), end=outcome.get("end_time", now),
+        )
+        self.table.write_trial(trial, {
+            "trial": trial.to_dict(), "row": row, "ranks": outcome.get("ranks", []),
+            "records": outcome.get("records", []),
+        })
+        self.table.append(row)
+        self.done[trial.key] = outcome["status"]
+        thr = outcome["metrics"].get("train/samples_per_s")
+        log.info("trial %d %s: %s%s", trial.index, trial.key, outcome["status"],
+                 f", {thr:.1f} samples/s" if thr else f" ({(outcome.get('error') or '')[:200]})")
+
+    def summary(self, out: Path, elapsed_s: float) -> dict[str, Any]:
+        statuses = list(self.done.values())
+        ok = [r for r in self.table.rows if r["status"] == "ok"]
+        best = max(ok, key=lambda r: r["train/samples_per_s"], default=None)
+        return {
+            "sweep": self.spec.name, "run_id": self.run_id, "output": str(out),
+            "results": str(self.table.parquet), "trials": len(statuses),
+            "ok": statuses.count("ok"), "failed": len(statuses) - statuses.count("ok"),
+            "status_counts": {s: statuses.count(s) for s in sorted(set(statuses))},
+            "best": None if best is None else {
+                "trial_key": best["trial_key"], "samples_per_s": best["train/samples_per_s"]},
+            "elapsed_s": round(elapsed_s, 1),
+        }
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _read(path: str | None) -> str:
+    try:
+        return Path(path).read_text()[-2000:] if path else "no error file"
+    except OSError:
+        return f"error file {path} unreadable"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

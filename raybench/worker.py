@@ -1,0 +1,113 @@
+"""The per-rank timed loop: build the workload, discard warmup, time steps, gather every rank.
+
+Owns measurement correctness: the device is synchronised inside the timed region, data wait
+(next batch + host-to-device copy) is timed apart from compute, warmup is excluded by
+construction, and every rank runs the same number of steps (a time window is turned into a step
+count once, agreed across ranks). Does not own process groups (trial.py, bench.py) nor the
+statistics (metrics.py). Ray-free, so it runs in-process on a GPU machine without Ray.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import resource
+import socket
+import sys
+import time
+from typing import Any
+
+import torch
+
+from raybench import workloads
+from raybench.context import WorkerContext
+from raybench.grid import TrialSpec
+
+
+def run_worker(trial: TrialSpec, ctx: WorkerContext) -> list[dict[str, Any]] | None:
+    """Run one trial on this rank; rank 0 returns every rank's record, other ranks None."""
+    record = measure_rank(trial, ctx)
+    return ctx.gather(record)
+
+
+def measure_rank(trial: TrialSpec, ctx: WorkerContext) -> dict[str, Any]:
+    if ctx.is_cuda:
+        torch.cuda.set_device(ctx.device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(ctx.device)
+    workload = workloads.get(trial.workload_name)(trial.workload, ctx)
+    t_setup = time.perf_counter()
+    workload.setup()
+    batches = workload.batches()
+    setup_s = time.perf_counter() - t_setup
+
+    m = trial.measure
+    warm = [_timed_step(workload, batches, ctx) for _ in range(m.warmup_steps)]
+    steps = m.measure_steps or _steps_for_window(m.measure_seconds, warm, ctx)
+
+    wait_s: list[float] = []
+    compute_s: list[float] = []
+    windows_s: list[float] = []
+    loss = None
+    for _ in range(m.repeats):
+        ctx.barrier()  # ranks start each window together, so the windows overlap
+        start = time.perf_counter()
+        for _ in range(steps):
+            w, c, loss = _timed_step(workload, batches, ctx)
+            wait_s.append(w)
+            compute_s.append(c)
+        windows_s.append(time.perf_counter() - start)
+
+    model = workload.model
+    n_params = sum(p.numel() for p in model.parameters())
+    size_b = sum(p.numel() * p.element_size() for p in model.parameters())
+    size_b += sum(b.numel() * b.element_size() for b in model.buffers())
+    return {
+        "rank": ctx.rank,
+        "local_rank": ctx.local_rank,
+        "node_rank": ctx.node_rank,
+        "hostname": socket.gethostname(),
+        "pid": os.getpid(),
+        "device": str(ctx.device),
+        "device_name": torch.cuda.get_device_name(ctx.device) if ctx.is_cuda else "cpu",
+        "steps_per_window": steps,
+        "samples_per_step": workload.samples_per_step(),
+        "warmup_s": [w + c for w, c, _ in warm],
+        "wait_s": wait_s,
+        "compute_s": compute_s,
+        "windows_s": windows_s,
+        "setup_s": setup_s,
+        "loss_final": None if loss is None else float(loss.float().item()),
+        "params": n_params,
+        "model_size_mb": size_b / 2**20,
+        **_memory(ctx),
+        "describe": workload.describe(),
+    }
+
+
+def _timed_step(workload: workloads.Workload, batches: Any, ctx: WorkerContext):
+    t0 = time.perf_counter()
+    batch = workload.to_device(next(batches))
+    ctx.synchronize()
+    t1 = time.perf_counter()
+    loss = workload.step(batch)
+    ctx.synchronize()
+    return t1 - t0, time.perf_counter() - t1, loss
+
+
+def _steps_for_window(seconds: float, warm: list, ctx: WorkerContext) -> int:
+    """Turn a time window into a step count from the later warmup steps, the same on all ranks."""
+    tail = sorted(w + c for w, c, _ in warm[len(warm) // 2:])
+    median = tail[len(tail) // 2]
+    return max(1, int(ctx.all_reduce_max(math.ceil(seconds / max(median, 1e-6)))))
+
+
+def _memory(ctx: WorkerContext) -> dict[str, float | None]:
+    # ru_maxrss is the process's peak resident set in KiB on Linux (bytes on macOS).
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak_mb = peak / 2**20 if sys.platform == "darwin" else peak / 2**10
+    out = {"rss_peak_mb": peak_mb, "peak_allocated_mb": None, "peak_reserved_mb": None}
+    if ctx.is_cuda:
+        out["peak_allocated_mb"] = torch.cuda.max_memory_allocated(ctx.device) / 2**20
+        out["peak_reserved_mb"] = torch.cuda.max_memory_reserved(ctx.device) / 2**20
+    return out

@@ -1,0 +1,104 @@
+"""Workload registry and interface: a workload is one file in this package that registers itself.
+
+Owns the `Workload` contract the timed loop drives and the name -> class registry (sibling modules
+are imported on first lookup, so adding a workload touches no other file). Does not own timing,
+DDP set-up or Ray: a workload sees only a `WorkerContext` and imports torch, never ray.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    import torch
+
+    from raybench.context import WorkerContext
+
+
+class WorkloadParams(BaseModel):
+    """Parameters every workload has; a workload's own `Params` subclasses this."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    batch_size: int = Field(32, ge=1, description="samples per rank per step")
+    seed: int = 0
+
+
+class Workload(ABC):
+    """One benchmark: builds its model and inputs from the context, then runs single steps.
+
+    The timed loop calls `batches()` once, then per step `next()` (data wait), `to_device()`
+    (still data wait) and `step()` (compute). It synchronises the device itself.
+    """
+
+    name: ClassVar[str]
+    Params: ClassVar[type[WorkloadParams]] = WorkloadParams
+
+    def __init__(self, params: WorkloadParams, ctx: WorkerContext):
+        self.params = params
+        self.ctx = ctx
+
+    @abstractmethod
+    def setup(self) -> None:
+        """Build model, optimizer and input pipeline; called once before warmup."""
+
+    @abstractmethod
+    def batches(self) -> Iterator[Any]:
+        """An endless iterator of host-side batches."""
+
+    @abstractmethod
+    def to_device(self, batch: Any) -> Any:
+        """Move one batch to the rank's device."""
+
+    @abstractmethod
+    def step(self, batch: Any) -> torch.Tensor | None:
+        """One forward/backward/optimizer step; returns the loss without synchronising."""
+
+    @property
+    @abstractmethod
+    def model(self) -> torch.nn.Module:
+        """The unwrapped model, for parameter counts."""
+
+    def samples_per_step(self) -> int:
+        return self.params.batch_size
+
+    def describe(self) -> dict[str, Any]:
+        """Extra per-trial facts for the results (e.g. input shape); override to add some."""
+        return {}
+
+
+_REGISTRY: dict[str, type[Workload]] = {}
+_loaded = False
+
+
+def register(cls: type[Workload]) -> type[Workload]:
+    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
+        raise ValueError(f"workload name '{cls.name}' registered twice")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def _load_all() -> None:
+    global _loaded
+    if not _loaded:
+        for mod in pkgutil.iter_modules(__path__):
+            if not mod.name.startswith("_"):
+                importlib.import_module(f"{__name__}.{mod.name}")
+        _loaded = True
+
+
+def get(name: str) -> type[Workload]:
+    _load_all()
+    if name not in _REGISTRY:
+        raise KeyError(f"unknown workload '{name}'; registered: {names()}")
+    return _REGISTRY[name]
+
+
+def names() -> list[str]:
+    _load_all()
+    return sorted(_REGISTRY)

@@ -1,0 +1,130 @@
+"""ResNet image-classification training: the reference throughput workload (MLPerf-style ResNet-50).
+
+Owns the model (torchvision ResNet, random init), its SGD optimizer and three input pipelines:
+`synthetic` (ImageNet-like uint8 images decoded and normalised in DataLoader workers, so
+`dataloader_workers` matters), `synthetic_device` (one batch resident on the device: the compute
+ceiling, no input pipeline) and `imagefolder` (real JPEGs with the usual training transforms).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torchvision
+from pydantic import Field, model_validator
+from torch.utils.data import Dataset
+
+from raybench.workloads import Workload, WorkloadParams, register
+
+# ImageNet channel statistics, as torchvision's reference training script uses.
+_MEAN = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
+_STD = torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
+
+
+class ResnetParams(WorkloadParams):
+    depth: Literal[18, 34, 50, 101, 152] = 50
+    image_size: int = Field(224, ge=32, description="square input side in pixels")
+    num_classes: int = Field(1000, ge=2)
+    data: Literal["synthetic", "synthetic_device", "imagefolder"] = "synthetic"
+    data_path: str | None = Field(None, description="ImageFolder root when data is imagefolder")
+    synthetic_samples: int = Field(50_000, ge=1, description="length of one synthetic epoch")
+    lr: float = Field(0.1, gt=0)
+
+    @model_validator(mode="after")
+    def _data_path(self) -> ResnetParams:
+        if self.data == "imagefolder":
+            if not self.data_path:
+                raise ValueError("data: imagefolder needs data_path (an ImageFolder root)")
+            if not Path(self.data_path).is_dir():
+                raise ValueError(f"data_path '{self.data_path}' is not a directory")
+        return self
+
+
+class SyntheticImages(Dataset):
+    """Deterministic random uint8 images, normalised like decoded JPEGs would be."""
+
+    def __init__(self, n: int, size: int, classes: int, seed: int):
+        self.n, self.size, self.classes, self.seed = n, size, classes, seed
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + i)
+        img = torch.randint(0, 256, (3, self.size, self.size), dtype=torch.uint8, generator=g)
+        return (img.float().div_(255) - _MEAN) / _STD, i % self.classes
+
+
+@register
+class Resnet(Workload):
+    name = "resnet"
+    Params = ResnetParams
+    params: ResnetParams
+
+    def setup(self) -> None:
+        p, ctx = self.params, self.ctx
+        torch.manual_seed(p.seed)
+        self._model = getattr(torchvision.models, f"resnet{p.depth}")(num_classes=p.num_classes)
+        self.net = ctx.prepare_model(self._model)
+        self.opt = torch.optim.SGD(self.net.parameters(), lr=p.lr, momentum=0.9, weight_decay=1e-4)
+        self.scaler = ctx.grad_scaler()
+        self.loss_fn = torch.nn.CrossEntropyLoss()
+        if p.data == "synthetic_device":
+            g = torch.Generator().manual_seed(p.seed)
+            images = torch.randn(p.batch_size, 3, p.image_size, p.image_size, generator=g)
+            labels = torch.randint(0, p.num_classes, (p.batch_size,), generator=g)
+            self._resident = (ctx.prepare_images(images), labels.to(ctx.device))
+        else:
+            self.loader = ctx.make_loader(self._dataset(), p.batch_size)
+
+    def _dataset(self) -> Dataset:
+        p = self.params
+        if p.data == "imagefolder":
+            t = torchvision.transforms
+            tf = t.Compose([
+                t.RandomResizedCrop(p.image_size), t.RandomHorizontalFlip(), t.ToTensor(),
+                t.Normalize(_MEAN.flatten().tolist(), _STD.flatten().tolist()),
+            ])
+            return torchvision.datasets.ImageFolder(p.data_path, transform=tf)
+        return SyntheticImages(p.synthetic_samples, p.image_size, p.num_classes, p.seed)
+
+    def batches(self) -> Iterator[Any]:
+        if self.params.data == "synthetic_device":
+            while True:
+                yield self._resident
+        epoch = 0
+        while True:
+            if hasattr(self.loader.sampler, "set_epoch"):
+                self.loader.sampler.set_epoch(epoch)
+            yield from self.loader
+            epoch += 1
+
+    def to_device(self, batch: Any) -> Any:
+        if self.params.data == "synthetic_device":
+            return batch
+        images, labels = batch
+        return self.ctx.prepare_images(images), labels.to(self.ctx.device, non_blocking=True)
+
+    def step(self, batch: Any) -> torch.Tensor:
+        images, labels = batch
+        self.opt.zero_grad(set_to_none=True)
+        with self.ctx.autocast():
+            loss = self.loss_fn(self.net(images), labels)
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.opt)
+            self.scaler.update()
+        else:
+            loss.backward()
+            self.opt.step()
+        return loss.detach()
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self._model
+
+    def describe(self) -> dict[str, Any]:
+        return {"input_shape": [3, self.params.image_size, self.params.image_size]}
