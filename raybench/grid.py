@@ -86,8 +86,8 @@ def resolve_key(key: str, spec: SweepSpec) -> str:
                             f"write it in full, e.g. grid.{owners[0]}.{key}")
     known = [f"{s}.{f}" for s in GRID_SECTIONS for f in models[s].model_fields]
     close = [k for k in known if k.endswith("." + key.rpartition(".")[2])]
-    raise SpecError(spec.source, f"grid.{key}", None, "is not a workload, hardware or measure field",
-                    f"use one of {close or known}")
+    raise SpecError(spec.source, f"grid.{key}", None,
+                    "is not a workload, hardware or measure field", f"use one of {close or known}")
 
 
 def expand(spec: SweepSpec) -> list[TrialSpec]:

@@ -15,6 +15,14 @@ import numpy as np
 PERCENTILES = (50, 90, 95, 99)
 
 
+def outcome(records: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """A finished trial's result fields from rank 0's gathered records."""
+    if not records:
+        return {"status": "error", "error": "rank 0 returned no measurements", "metrics": {}}
+    return {"status": "ok", "error": None, "metrics": summarize(records),
+            "ranks": per_rank_table(records), "records": records}
+
+
 def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Metrics of one trial from every rank's record (see worker.measure_rank)."""
     records = sorted(records, key=lambda r: r["rank"])

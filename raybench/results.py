@@ -8,16 +8,21 @@ per-trial JSON with raw step times. Never parses strings back into objects: Parq
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import tempfile
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
 import pandas as pd
+import yaml
 
 from raybench.grid import TrialSpec
+from raybench.spec import SpecError, SweepSpec
 
+log = logging.getLogger(__name__)
 Status = Literal["ok", "oom", "error", "timeout", "infeasible"]
 ID_COLUMNS = ["sweep", "run_id", "trial_index", "trial_key", "system", "start_time", "end_time",
               "status", "error"]
@@ -30,6 +35,29 @@ def make_row(*, sweep: str, run_id: str, system: str, trial: TrialSpec, status: 
         "system": system, "start_time": start, "end_time": end, "status": status,
         "error": error, **trial.config(), **metrics,
     }
+
+
+def run_directory(spec: SweepSpec, override: str | None) -> Path:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    out = Path(override or spec.output.dir or Path(spec.output.root) / spec.name / stamp)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".write_test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise SpecError(spec.source, "output.dir", str(out), f"cannot be written ({e.strerror})",
+                        "choose a writable directory with --output or output.root") from None
+    return out.resolve()
+
+
+def write_run_files(out: Path, spec: SweepSpec, cluster: dict[str, Any]) -> None:
+    """The resolved spec and the system facts, written before the first trial."""
+    from raybench import sysinfo  # imports torch: kept off the dry-run path
+
+    (out / "sweep.yaml").write_text(yaml.safe_dump(spec.to_yaml_dict(), sort_keys=False))
+    info = sysinfo.collect(cluster)
+    (out / "system_info.json").write_text(json.dumps(info, indent=1, default=str))
 
 
 class ResultsTable:
@@ -55,6 +83,45 @@ class ResultsTable:
         text = json.dumps(_jsonable(detail), indent=1, sort_keys=False)
         _atomic(path, lambda p: Path(p).write_text(text))
         return path
+
+
+class RowWriter:
+    """Turns trial outcomes into rows and trial files; remembers what is written."""
+
+    def __init__(self, spec: SweepSpec, run_id: str, table: ResultsTable):
+        self.spec, self.run_id, self.table = spec, run_id, table
+        self.done: dict[str, str] = {}
+
+    def write(self, trial: TrialSpec, outcome: dict[str, Any]) -> None:
+        stamp = now()
+        row = make_row(
+            sweep=self.spec.name, run_id=self.run_id, system=self.spec.system.label, trial=trial,
+            status=outcome["status"], error=outcome.get("error"), metrics=outcome["metrics"],
+            start=outcome.get("start_time", stamp), end=outcome.get("end_time", stamp),
+        )
+        self.table.write_trial(trial, {
+            "trial": trial.to_dict(), "row": row, "ranks": outcome.get("ranks", []),
+            "records": outcome.get("records", []),
+        })
+        self.table.append(row)
+        self.done[trial.key] = outcome["status"]
+        thr = outcome["metrics"].get("train/samples_per_s")
+        log.info("trial %d %s: %s%s", trial.index, trial.key, outcome["status"],
+                 f", {thr:.1f} samples/s" if thr else f" ({(outcome.get('error') or '')[:200]})")
+
+    def summary(self, out: Path, elapsed_s: float) -> dict[str, Any]:
+        statuses = list(self.done.values())
+        ok = [r for r in self.table.rows if r["status"] == "ok"]
+        best = max(ok, key=lambda r: r["train/samples_per_s"], default=None)
+        return {
+            "sweep": self.spec.name, "run_id": self.run_id, "output": str(out),
+            "results": str(self.table.parquet), "trials": len(statuses),
+            "ok": statuses.count("ok"), "failed": len(statuses) - statuses.count("ok"),
+            "status_counts": {s: statuses.count(s) for s in sorted(set(statuses))},
+            "best": None if best is None else {
+                "trial_key": best["trial_key"], "samples_per_s": best["train/samples_per_s"]},
+            "elapsed_s": round(elapsed_s, 1),
+        }
 
 
 def to_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
@@ -87,3 +154,7 @@ def _jsonable(obj: Any) -> Any:
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
     return obj
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")

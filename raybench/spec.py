@@ -219,7 +219,8 @@ def validate_workload(block: Any, source: str) -> tuple[str, WorkloadParams]:
 def build_model(model: type[BaseModel], data: Any, path: str, source: str) -> Any:
     """Validate `data` against `model`, turning the first pydantic error into a SpecError."""
     if not isinstance(data, dict):
-        raise SpecError(source, path, data, "must be a mapping", f"write {path}: as key: value lines")
+        raise SpecError(source, path, data, "must be a mapping",
+                        f"write {path}: as key: value lines")
     _reject_unknown(data, list(model.model_fields), path, source)
     try:
         return model.model_validate(data)

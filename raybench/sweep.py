@@ -14,15 +14,12 @@ import logging
 import os
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from raybench import cluster, plan
 from raybench.grid import TrialSpec, expand
-from raybench.results import ResultsTable, make_row
+from raybench.results import ResultsTable, RowWriter, now, run_directory, write_run_files
 from raybench.spec import SpecError, SweepSpec, load_sweep
 
 log = logging.getLogger("raybench.sweep")
@@ -61,32 +58,14 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def run_directory(spec: SweepSpec, override: str | None) -> Path:
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    out = Path(override or spec.output.dir or Path(spec.output.root) / spec.name / stamp)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".write_test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise SpecError(spec.source, "output.dir", str(out), f"cannot be written ({e.strerror})",
-                        "choose a writable directory with --output or output.root") from None
-    return out.resolve()
-
-
 def run_sweep(spec: SweepSpec, trials: list[TrialSpec], out: Path,
               address: str | None = None) -> dict[str, Any]:
     """Run every trial on Ray and return the summary; rows are on disk as each trial ends."""
-    from raybench import sysinfo  # torch import is slow; the dry run does not need it
-
     t0 = time.monotonic()
     run_id = out.name
     started = cluster.connect(address)
     try:
-        (out / "sweep.yaml").write_text(yaml.safe_dump(spec.to_yaml_dict(), sort_keys=False))
-        info = sysinfo.collect(cluster.describe())
-        (out / "system_info.json").write_text(json.dumps(info, indent=1))
+        write_run_files(out, spec, cluster.describe())
         writer = RowWriter(spec, run_id, ResultsTable(out))
         runnable = []
         nodes = cluster.nodes()
@@ -125,9 +104,9 @@ def _tune(spec: SweepSpec, trials: list[TrialSpec], out: Path, writer: RowWriter
 
     def tune_trial(config: dict[str, Any], trial_dicts: list[dict[str, Any]]) -> None:
         trial = TrialSpec.from_dict(trial_dicts[config["trial"]])
-        start = _now()
+        start = now()
         outcome = run_trial(trial, storage, timeout)
-        outcome.update(start_time=start, end_time=_now())
+        outcome.update(start_time=start, end_time=now())
         tune.report({"raybench_outcome": json.dumps(outcome)})
 
     class Writer(tune.Callback):
@@ -155,49 +134,6 @@ def _tune(spec: SweepSpec, trials: list[TrialSpec], out: Path, writer: RowWriter
         ),
     )
     tuner.fit()
-
-
-class RowWriter:
-    """Turns trial outcomes into rows and trial files; remembers what is written."""
-
-    def __init__(self, spec: SweepSpec, run_id: str, table: ResultsTable):
-        self.spec, self.run_id, self.table = spec, run_id, table
-        self.done: dict[str, str] = {}
-
-    def write(self, trial: TrialSpec, outcome: dict[str, Any]) -> None:
-        now = _now()
-        row = make_row(
-            sweep=self.spec.name, run_id=self.run_id, system=self.spec.system.label, trial=trial,
-            status=outcome["status"], error=outcome.get("error"), metrics=outcome["metrics"],
-            start=outcome.get("start_time", now), end=outcome.get("end_time", now),
-        )
-        self.table.write_trial(trial, {
-            "trial": trial.to_dict(), "row": row, "ranks": outcome.get("ranks", []),
-            "records": outcome.get("records", []),
-        })
-        self.table.append(row)
-        self.done[trial.key] = outcome["status"]
-        thr = outcome["metrics"].get("train/samples_per_s")
-        log.info("trial %d %s: %s%s", trial.index, trial.key, outcome["status"],
-                 f", {thr:.1f} samples/s" if thr else f" ({(outcome.get('error') or '')[:200]})")
-
-    def summary(self, out: Path, elapsed_s: float) -> dict[str, Any]:
-        statuses = list(self.done.values())
-        ok = [r for r in self.table.rows if r["status"] == "ok"]
-        best = max(ok, key=lambda r: r["train/samples_per_s"], default=None)
-        return {
-            "sweep": self.spec.name, "run_id": self.run_id, "output": str(out),
-            "results": str(self.table.parquet), "trials": len(statuses),
-            "ok": statuses.count("ok"), "failed": len(statuses) - statuses.count("ok"),
-            "status_counts": {s: statuses.count(s) for s in sorted(set(statuses))},
-            "best": None if best is None else {
-                "trial_key": best["trial_key"], "samples_per_s": best["train/samples_per_s"]},
-            "elapsed_s": round(elapsed_s, 1),
-        }
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
 def _read(path: str | None) -> str:

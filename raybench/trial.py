@@ -8,9 +8,7 @@ classification of failures into `oom | error | timeout | infeasible`. Does not o
 
 from __future__ import annotations
 
-import logging
 import os
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +18,9 @@ from ray.train.torch import TorchConfig, TorchTrainer
 
 from raybench import metrics
 from raybench.context import WorkerContext
+from raybench.failures import failure
 from raybench.grid import TrialSpec
 from raybench.worker import run_worker
-
-log = logging.getLogger(__name__)
 
 # Read by the Train controller, which inherits them from this process (ENV_VARS_TO_PROPAGATE).
 # The health-check poll is also how fast the end of a run is noticed: the 2 s default adds
@@ -33,8 +30,6 @@ TRAIN_ENV = {
     "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
     "RAY_TRAIN_METRICS_ENABLED": "0",
 }
-OOM_MARKERS = ("out of memory", "OutOfMemoryError", "MemoryError", "can't allocate memory",
-               "OutOfMemory", "Cannot allocate memory")
 
 
 def train_loop(config: dict[str, Any]) -> list[dict[str, Any]] | None:
@@ -74,50 +69,4 @@ def run_trial(trial: TrialSpec, storage: Path, start_timeout_s: float) -> dict[s
         result = trainer.fit()
     except Exception as e:  # a failed trial is a row, never a lost sweep
         return failure(e, res)
-    records = result.return_value
-    if not records:
-        return {"status": "error", "error": "rank 0 returned no measurements", "metrics": {}}
-    return {
-        "status": "ok", "error": None, "metrics": metrics.summarize(records),
-        "ranks": metrics.per_rank_table(records), "records": records,
-    }
-
-
-def failure(exc: BaseException, resources: dict[str, Any]) -> dict[str, Any]:
-    text = _describe(exc)
-    status = classify(exc, text)
-    if status == "infeasible":
-        text = f"worker group could not be placed (wanted {resources}): {text}"
-    log.warning("trial failed (%s): %s", status, text.splitlines()[0] if text else "")
-    return {"status": status, "error": text[-4000:], "metrics": {}}
-
-
-def classify(exc: BaseException, text: str) -> str:
-    names = {type(e).__name__ for e in _chain(exc)}
-    if any(m in text for m in OOM_MARKERS) or names & {"OutOfMemoryError", "MemoryError"}:
-        return "oom"
-    if "WorkerGroupStartupTimeoutError" in text or "WorkerGroupStartupTimeoutError" in names:
-        return "infeasible"
-    if "TimeoutError" in names:
-        return "timeout"
-    return "error"
-
-
-def _chain(exc: BaseException) -> list[BaseException]:
-    seen: list[BaseException] = []
-    stack = [exc]
-    while stack and len(seen) < 20:
-        e = stack.pop()
-        if e is None or e in seen:
-            continue
-        seen.append(e)
-        stack += [e.__cause__, e.__context__]
-        stack += list(getattr(e, "worker_failures", {}).values())
-        stack.append(getattr(e, "controller_failure", None))
-    return seen
-
-
-def _describe(exc: BaseException) -> str:
-    parts = [f"{type(e).__name__}: {e}" for e in _chain(exc)]
-    text = "\n".join(parts)
-    return text if text.strip() else "".join(traceback.format_exception(exc))
+    return metrics.outcome(result.return_value)

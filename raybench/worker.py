@@ -31,6 +31,10 @@ def run_worker(trial: TrialSpec, ctx: WorkerContext) -> list[dict[str, Any]] | N
 
 
 def measure_rank(trial: TrialSpec, ctx: WorkerContext) -> dict[str, Any]:
+    if not ctx.is_cuda:
+        # As many intra-op threads as logical CPUs reserved: Ray's OMP_NUM_THREADS rule for
+        # its workers, applied here too so the in-process runner measures the same thing.
+        torch.set_num_threads(max(1, int(trial.hardware.cpus_per_worker)))
     if ctx.is_cuda:
         torch.cuda.set_device(ctx.device)
         torch.cuda.empty_cache()

@@ -1,0 +1,34 @@
+# Two commands for a fresh machine: `make sweep` (the main job) and `make test`.
+# Both create .venv with pip when it is missing; torch comes from the local wheel cache
+# where one is configured (see README), so nothing needs uv or poetry.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+SWEEP  ?= sweeps/local_cpu.yaml
+ARGS   ?=
+
+.PHONY: sweep test test-fast lint venv clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip setuptools wheel
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+sweep: $(STAMP)
+	$(BIN)/python -m raybench.sweep $(SWEEP) $(ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -ra
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -ra -m "not ray"
+
+lint: $(STAMP)
+	$(BIN)/ruff check raybench tests
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

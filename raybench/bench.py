@@ -1,0 +1,129 @@
+"""`python -m raybench.bench`: the same trials in-process, without Ray, and the harness tax.
+
+`run SWEEP.yaml` executes a sweep's trials with the same workload code, timed loop, metrics and
+results table as the Ray path, in this process (ranks > 1 are spawned locally with
+torch.distributed): for machines without Ray, such as a lent GPU box. `overhead` compares a bare
+PyTorch loop with a full raybench trial (harness.py holds both sides).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from raybench import metrics
+from raybench.context import WorkerContext
+from raybench.failures import failure
+from raybench.grid import TrialSpec, expand
+from raybench.results import ResultsTable, RowWriter, now, run_directory, write_run_files
+from raybench.spec import SpecError, load_sweep
+from raybench.worker import run_worker
+
+log = logging.getLogger("raybench.bench")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m raybench.bench", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    run = sub.add_parser("run", help="run a sweep's trials in-process, without Ray")
+    run.add_argument("sweep")
+    run.add_argument("--set", action="append", default=[], metavar="dotted.key=value")
+    run.add_argument("--trials", help="comma-separated trial indices (default: all)")
+    run.add_argument("--output", help="run directory (default as for raybench.sweep)")
+    over = sub.add_parser("overhead", help="bare PyTorch loop vs a raybench trial")
+    over.add_argument("sweep", nargs="?", default="sweeps/overhead_cpu.yaml")
+    over.add_argument("--set", action="append", default=[], metavar="dotted.key=value")
+    over.add_argument("--rounds", type=int, default=3, help="alternating rounds of each side")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
+                        datefmt="%H:%M:%S")
+    try:
+        spec = load_sweep(args.sweep, args.set)
+        trials = expand(spec)
+    except SpecError as e:
+        print(f"raybench: invalid sweep: {e}", file=sys.stderr)
+        return 2
+    if args.cmd == "overhead":
+        from raybench.harness import overhead
+
+        print(json.dumps({"raybench_overhead": overhead(spec, trials[0], args.rounds)}))
+        return 0
+    if args.trials:
+        wanted = {int(i) for i in args.trials.split(",")}
+        trials = [t for t in trials if t.index in wanted]
+    try:
+        out = run_directory(spec, args.output)
+    except SpecError as e:
+        print(f"raybench: {e}", file=sys.stderr)
+        return 2
+    t0 = time.monotonic()
+    write_run_files(out, spec, {"mode": "in-process, no Ray"})
+    writer = RowWriter(spec, out.name, ResultsTable(out))
+    for trial in trials:
+        start = now()
+        outcome = run_local(trial)
+        outcome.update(start_time=start, end_time=now())
+        writer.write(trial, outcome)
+    summary = writer.summary(out, time.monotonic() - t0)
+    print(json.dumps({"raybench": summary}), flush=True)
+    return 0 if summary["failed"] == 0 else 3
+
+
+def run_local(trial: TrialSpec) -> dict[str, Any]:
+    """One trial in this process (or spawned ranks); returns the same fields as trial.run_trial."""
+    hw = trial.hardware
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if hw.num_gpus > gpus:
+        why = f"needs {hw.num_gpus} GPUs but this machine has {gpus}"
+        return {"status": "infeasible", "error": why, "metrics": {}}
+    try:
+        if hw.world_size == 1:
+            device = torch.device("cuda", 0) if hw.use_gpu else torch.device("cpu")
+            ctx = WorkerContext(0, 0, 1, 0, device, hw)
+            return metrics.outcome(run_worker(trial, ctx))
+        return metrics.outcome(_spawn(trial))
+    except Exception as e:  # a failed trial is a row here too
+        return failure(e, trial.resources())
+
+
+def _spawn(trial: TrialSpec) -> list[dict[str, Any]]:
+    """Ranks as local processes over torch.distributed (gloo on CPU, nccl on GPU)."""
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        result = Path(tmp) / "records.json"
+        mp.spawn(_rank_main, args=(trial.to_dict(), port, str(result)),
+                 nprocs=trial.hardware.world_size, join=True)
+        return json.loads(result.read_text())
+
+
+def _rank_main(rank: int, trial_dict: dict[str, Any], port: int, result: str) -> None:
+    trial = TrialSpec.from_dict(trial_dict)
+    hw = trial.hardware
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("nccl" if hw.use_gpu else "gloo", rank=rank,
+                                         world_size=hw.world_size)
+    try:
+        device = torch.device("cuda", rank) if hw.use_gpu else torch.device("cpu")
+        records = run_worker(trial, WorkerContext(rank, rank, hw.world_size, 0, device, hw))
+        if rank == 0:
+            Path(result).write_text(json.dumps(records))
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

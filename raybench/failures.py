@@ -1,0 +1,57 @@
+"""Failed trials as result fields: `oom | error | timeout | infeasible` with a readable reason.
+
+Owns the classification of exceptions (walking causes and Ray Train's per-worker failures), so
+the Ray path (trial.py) and the in-process runner (bench.py) label failures the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+# CUDA's allocator, the CPU allocator and Python itself word out-of-memory differently.
+OOM_MARKERS = ("out of memory", "OutOfMemoryError", "MemoryError", "can't allocate memory",
+               "Cannot allocate memory")
+
+
+def failure(exc: BaseException, resources: dict[str, Any] | None = None) -> dict[str, Any]:
+    text = _describe(exc)
+    status = classify(exc, text)
+    if status == "infeasible":
+        text = f"worker group could not be placed (wanted {resources}): {text}"
+    log.warning("trial failed (%s): %s", status, text.splitlines()[0] if text else "")
+    return {"status": status, "error": text[-4000:], "metrics": {}}
+
+
+def classify(exc: BaseException, text: str) -> str:
+    names = {type(e).__name__ for e in _chain(exc)}
+    if any(m in text for m in OOM_MARKERS) or names & {"OutOfMemoryError", "MemoryError"}:
+        return "oom"
+    if "WorkerGroupStartupTimeoutError" in text or "WorkerGroupStartupTimeoutError" in names:
+        return "infeasible"
+    if "TimeoutError" in names:
+        return "timeout"
+    return "error"
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    seen: list[BaseException] = []
+    stack = [exc]
+    while stack and len(seen) < 20:
+        e = stack.pop()
+        if e is None or e in seen:
+            continue
+        seen.append(e)
+        stack += [e.__cause__, e.__context__]
+        stack += list(getattr(e, "worker_failures", {}).values())
+        stack.append(getattr(e, "controller_failure", None))
+    return seen
+
+
+def _describe(exc: BaseException) -> str:
+    parts = [f"{type(e).__name__}: {e}" for e in _chain(exc)]
+    text = "\n".join(parts)
+    return text if text.strip() else "".join(traceback.format_exception(exc))

@@ -1,0 +1,116 @@
+"""Harness tax: the same configuration as a bare PyTorch loop and as a full raybench trial.
+
+Owns the bare loop (plain torchvision model, optimizer and DataLoader, timed with perf_counter
+around the whole window, no per-step sync on CPU) and the comparison: throughput ratio
+raybench / bare, and the fixed cost per trial (trial wall time minus its measured window).
+Only the `resnet` workload has a bare twin; that is the workload the tax is quoted for.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torchvision
+
+from raybench.grid import TrialSpec
+from raybench.spec import SweepSpec
+from raybench.workloads.resnet import SyntheticImages
+
+log = logging.getLogger(__name__)
+
+
+def bare_loop(trial: TrialSpec) -> float:
+    """Samples/s of a plain single-process training loop for a `resnet` trial on CPU or GPU."""
+    p, hw, m = trial.workload, trial.hardware, trial.measure
+    if trial.workload_name != "resnet" or hw.world_size != 1:
+        raise ValueError("the bare twin exists for single-rank resnet trials only")
+    device = torch.device("cuda", 0) if hw.use_gpu else torch.device("cpu")
+    if not hw.use_gpu:
+        torch.set_num_threads(max(1, int(hw.cpus_per_worker)))  # as Ray gives a CPU worker
+    torch.manual_seed(p.seed)
+    model = getattr(torchvision.models, f"resnet{p.depth}")(num_classes=p.num_classes).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=p.lr, momentum=0.9, weight_decay=1e-4)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    data = SyntheticImages(p.synthetic_samples, p.image_size, p.num_classes, p.seed)
+    w = hw.dataloader_workers
+    loader = torch.utils.data.DataLoader(
+        data, batch_size=p.batch_size, shuffle=True, num_workers=w, drop_last=True,
+        pin_memory=hw.use_gpu, persistent_workers=w > 0, prefetch_factor=4 if w > 0 else None)
+    batches = iter(loader)
+
+    def step() -> None:
+        images, labels = next(batches)
+        images, labels = images.to(device), labels.to(device)
+        opt.zero_grad(set_to_none=True)
+        loss_fn(model(images), labels).backward()
+        opt.step()
+
+    for _ in range(m.warmup_steps):
+        step()
+    if hw.use_gpu:
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(m.measure_steps):
+        step()
+    if hw.use_gpu:
+        torch.cuda.synchronize()
+    return m.measure_steps * p.batch_size / (time.perf_counter() - start)
+
+
+def overhead(spec: SweepSpec, trial: TrialSpec, rounds: int) -> dict[str, Any]:
+    """Alternate bare and raybench runs `rounds` times; medians make the comparison robust."""
+    from raybench import cluster
+    from raybench.sweep import run_sweep
+
+    started = cluster.connect(None)  # one Ray for all rounds: its start-up is not per trial
+    bare, ray_thr, trial_wall, fixed, measured = [], [], [], [], []
+    try:
+        for i in range(rounds):
+            bare.append(bare_loop(trial))
+            with tempfile.TemporaryDirectory() as tmp:
+                t0 = time.monotonic()
+                run_sweep(spec, [trial], Path(tmp))
+                sweep_s = time.monotonic() - t0
+                row = _only_row(Path(tmp))
+            ray_thr.append(row["train/samples_per_s"])
+            wall = _seconds(row["start_time"], row["end_time"])
+            trial_wall.append(sweep_s)
+            measured.append(row["train/measured_s"])
+            fixed.append(sweep_s - row["train/measured_s"])
+            log.info("round %d: bare %.1f, raybench %.1f samples/s; trial %.1f s (driver "
+                     "%.1f s), measured window %.2f s", i, bare[-1], ray_thr[-1], sweep_s, wall,
+                     row["train/measured_s"])
+    finally:
+        if started:
+            import ray
+
+            ray.shutdown()
+    ratio = statistics.median(ray_thr) / statistics.median(bare)
+    return {
+        "config": trial.overrides or trial.config(), "rounds": rounds,
+        "bare_samples_per_s": bare, "raybench_samples_per_s": ray_thr,
+        "throughput_ratio": ratio,
+        "trial_wall_s": trial_wall, "measured_window_s": measured,
+        "fixed_overhead_s_median": statistics.median(fixed),
+    }
+
+
+def _only_row(out: Path) -> dict[str, Any]:
+    import pandas as pd
+
+    rows = pd.read_parquet(out / "results.parquet").to_dict("records")
+    if len(rows) != 1 or rows[0]["status"] != "ok":
+        raise RuntimeError(f"raybench trial did not succeed: {rows}")
+    return rows[0]
+
+
+def _seconds(start: str, end: str) -> float:
+    from datetime import datetime
+
+    return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()

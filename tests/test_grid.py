@@ -1,0 +1,73 @@
+"""Grid expansion and placement: deterministic, keyed, and honest about what fits."""
+
+from __future__ import annotations
+
+import pytest
+
+from raybench.grid import expand, resolve_key
+from raybench.plan import placement
+from raybench.spec import SpecError, load_sweep
+
+
+def test_expansion_order_and_overrides(write_sweep):
+    spec = load_sweep(write_sweep(), ["grid.cpu_workers=[1, 2]", "grid.precision=[fp32, bf16]"])
+    trials = expand(spec)
+    assert len(trials) == 8
+    assert [t.index for t in trials] == list(range(8))
+    # last key varies fastest
+    assert [t.hardware.precision for t in trials[:2]] == ["fp32", "bf16"]
+    assert trials[0].overrides == {"workload.batch_size": 4, "hardware.cpu_workers": 1,
+                                   "hardware.precision": "fp32"}
+    assert trials[-1].workload.batch_size == 8 and trials[-1].hardware.world_size == 2
+
+
+def test_keys_are_stable_and_distinct(write_sweep):
+    a = [t.key for t in expand(load_sweep(write_sweep()))]
+    b = [t.key for t in expand(load_sweep(write_sweep()))]
+    assert a == b
+    assert len(set(a)) == len(a)
+    # the key hashes the resolved config, not how it was written
+    c = [t.key for t in expand(load_sweep(write_sweep(), ["grid={workload.batch_size: [4, 8]}"]))]
+    assert c == a
+
+
+def test_key_changes_with_any_config_value(write_sweep):
+    base = expand(load_sweep(write_sweep()))[0].key
+    other = expand(load_sweep(write_sweep(), ["measure.measure_steps=4"]))[0].key
+    assert base != other
+
+
+def test_short_and_dotted_keys(write_sweep):
+    spec = load_sweep(write_sweep())
+    assert resolve_key("batch_size", spec) == "workload.batch_size"
+    assert resolve_key("precision", spec) == "hardware.precision"
+    assert resolve_key("measure.repeats", spec) == "measure.repeats"
+    with pytest.raises(SpecError, match="not a workload, hardware or measure field"):
+        resolve_key("hardware.depth", spec)
+
+
+def test_trial_dict_round_trip(write_sweep):
+    from raybench.grid import TrialSpec
+
+    t = expand(load_sweep(write_sweep()))[1]
+    assert TrialSpec.from_dict(t.to_dict()) == t
+
+
+def test_resources_per_trial(write_sweep):
+    t = expand(load_sweep(write_sweep(), ["hardware.num_gpus=4", "hardware.cpus_per_worker=8"]))[0]
+    assert t.resources() == {"workers": 4, "per_worker": {"CPU": 8.0, "GPU": 1},
+                             "total": {"CPU": 32.0, "GPU": 4}}
+
+
+def test_placement_totals_and_per_node(write_sweep):
+    spec = load_sweep(write_sweep(), ["hardware.num_gpus=8", "hardware.cpus_per_worker=4"])
+    t = expand(spec)[0]
+    dgx = [{"CPU": 128.0, "GPU": 8.0}]
+    assert placement(t, dgx) is None
+    two_nodes = [{"CPU": 64.0, "GPU": 4.0}, {"CPU": 64.0, "GPU": 4.0}]
+    assert placement(t, two_nodes) is None  # spread over nodes
+    assert "GPU=8 in all" in placement(t, [{"CPU": 128.0, "GPU": 4.0}])
+    assert "cluster has GPU=0" in placement(t, [{"CPU": 256.0}])
+    # totals suffice but no node holds a 4-CPU+1-GPU worker on the GPU-less node
+    lopsided = [{"CPU": 4.0, "GPU": 8.0}, {"CPU": 64.0}]
+    assert "hold only 1 such workers" in placement(t, lopsided)

@@ -1,0 +1,70 @@
+"""Statistics on recorded per-rank timings: sums, percentiles, skew, CV."""
+
+from __future__ import annotations
+
+import pytest
+
+from raybench.metrics import per_rank_table, summarize
+
+
+def record(rank: int, step_s: float, n: int = 10, wait_s: float = 0.0, bs: int = 32, **kw):
+    return {
+        "rank": rank, "local_rank": rank, "node_rank": 0, "hostname": "h", "device": "cpu",
+        "device_name": "cpu", "steps_per_window": n, "samples_per_step": bs,
+        "warmup_s": [step_s] * 2, "wait_s": [wait_s] * n, "compute_s": [step_s - wait_s] * n,
+        "windows_s": [step_s * n], "setup_s": 0.1, "loss_final": 1.0, "params": 2_000_000,
+        "model_size_mb": 7.6, "peak_allocated_mb": kw.get("alloc"), "peak_reserved_mb": None,
+        "rss_peak_mb": 100.0 + rank,
+    }
+
+
+def test_global_throughput_is_sum_of_ranks():
+    m = summarize([record(0, 0.1), record(1, 0.2)])
+    # rank 0: 320 / 1.0 s; rank 1: 320 / 2.0 s -> 480, not 2 x 320 and not the mean
+    assert m["train/samples_per_s"] == pytest.approx(480.0)
+    assert m["train/samples_per_s_per_worker"] == pytest.approx(240.0)
+    assert m["train/global_batch_size"] == 64
+    assert m["train/rank_skew_pct"] == pytest.approx(100.0)
+
+
+def test_percentiles_pool_all_steps():
+    r = record(0, 0.01, n=100)
+    r["compute_s"] = [i / 1000 for i in range(1, 101)]  # 1..100 ms
+    r["windows_s"] = [sum(r["compute_s"])]
+    m = summarize([r])
+    assert m["train/step_time_p50_ms"] == pytest.approx(50.5)
+    assert m["train/step_time_p99_ms"] == pytest.approx(99.01)
+    assert m["train/step_time_mean_ms"] == pytest.approx(50.5)
+    assert m["train/step_time_cv_pct"] == pytest.approx(100 * 29.011 / 50.5, rel=1e-3)
+
+
+def test_data_wait_separated_from_compute():
+    m = summarize([record(0, 0.1, wait_s=0.025)])
+    assert m["train/data_wait_mean_ms"] == pytest.approx(25.0)
+    assert m["train/compute_time_mean_ms"] == pytest.approx(75.0)
+    assert m["train/data_wait_pct"] == pytest.approx(25.0)
+
+
+def test_memory_none_on_cpu_and_max_on_gpu():
+    cpu = summarize([record(0, 0.1)])
+    assert cpu["mem/peak_allocated_mb"] is None
+    assert cpu["host/rss_peak_mb"] == 100.0
+    gpu = summarize([record(0, 0.1, alloc=500.0), record(1, 0.1, alloc=700.0)])
+    assert gpu["mem/peak_allocated_mb"] == 700.0
+
+
+def test_repeat_cv():
+    r = record(0, 0.1, n=10)
+    r["compute_s"] = [0.1] * 20
+    r["wait_s"] = [0.0] * 20
+    r["windows_s"] = [1.0, 1.25]
+    m = summarize([r])
+    # windows give 320 and 256 samples/s: sample std 64/sqrt(2) over a mean of 288
+    assert m["train/repeat_cv_pct"] == pytest.approx(100 * (64 / 2**0.5) / 288.0, rel=1e-6)
+    assert summarize([record(0, 0.1)])["train/repeat_cv_pct"] is None
+
+
+def test_per_rank_table_sorted():
+    rows = per_rank_table([record(1, 0.2), record(0, 0.1)])
+    assert [r["rank"] for r in rows] == [0, 1]
+    assert rows[1]["samples_per_s"] == pytest.approx(160.0)
