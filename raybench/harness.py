@@ -64,10 +64,13 @@ def bare_loop(trial: TrialSpec) -> float:
 
 
 def overhead(spec: SweepSpec, trial: TrialSpec, rounds: int) -> dict[str, Any]:
-    """Alternate bare and raybench runs `rounds` times; medians make the comparison robust."""
+    """Bare loop without Ray, then bare and raybench alternately with Ray up; medians of each."""
     from raybench import cluster
     from raybench.sweep import run_sweep
 
+    # Ray's daemons take CPU even when idle, which matters on small machines: measure the bare
+    # loop once with no Ray at all, then alternate bare and raybench with Ray up.
+    no_ray = [bare_loop(trial) for _ in range(rounds)]
     started = cluster.connect(None)  # one Ray for all rounds: its start-up is not per trial
     bare, ray_thr, trial_wall, fixed, measured = [], [], [], [], []
     try:
@@ -94,8 +97,10 @@ def overhead(spec: SweepSpec, trial: TrialSpec, rounds: int) -> dict[str, Any]:
     ratio = statistics.median(ray_thr) / statistics.median(bare)
     return {
         "config": trial.overrides or trial.config(), "rounds": rounds,
+        "bare_no_ray_samples_per_s": no_ray,
         "bare_samples_per_s": bare, "raybench_samples_per_s": ray_thr,
         "throughput_ratio": ratio,
+        "throughput_ratio_vs_no_ray": statistics.median(ray_thr) / statistics.median(no_ray),
         "trial_wall_s": trial_wall, "measured_window_s": measured,
         "fixed_overhead_s_median": statistics.median(fixed),
     }

@@ -46,7 +46,8 @@ def train_loop(config: dict[str, Any]) -> list[dict[str, Any]] | None:
 
 def run_trial(trial: TrialSpec, storage: Path, start_timeout_s: float) -> dict[str, Any]:
     """Fit one TorchTrainer; returns {status, error, metrics, ranks, records}, never raises."""
-    os.environ.update(TRAIN_ENV)
+    for key, value in TRAIN_ENV.items():
+        os.environ.setdefault(key, value)  # a user's own setting wins
     os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = str(start_timeout_s)
     hw = trial.hardware
     res = trial.resources()

@@ -1,0 +1,96 @@
+"""The README's main job on a real embedded Ray: rows per trial as they finish, files, exit codes."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.ray
+
+# The local sweep, shortened: the same trials (4: batch 8/16 x 1/2 ranks), fewer steps.
+QUICK = ["--set", "measure.measure_steps=4", "--set", "measure.warmup_steps=1"]
+
+
+def start_sweep(out: Path, *extra: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "raybench.sweep", "sweeps/local_cpu.yaml", "--output", str(out),
+           *QUICK, *extra]
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+
+
+def rows(out: Path) -> int:
+    try:
+        return len(pd.read_parquet(out / "results.parquet"))
+    except (FileNotFoundError, OSError, ValueError):
+        return 0
+
+
+@pytest.fixture(scope="module")
+def local_sweep(tmp_path_factory):
+    """Run the local sweep once, watching the table grow while the driver is still running."""
+    out = tmp_path_factory.mktemp("local") / "run"
+    proc = start_sweep(out)
+    seen_while_running = set()
+    deadline = time.monotonic() + 600
+    while proc.poll() is None and time.monotonic() < deadline:
+        seen_while_running.add(rows(out))
+        time.sleep(0.5)
+    stdout, _ = proc.communicate(timeout=60)
+    return out, proc.returncode, stdout, seen_while_running
+
+
+def test_every_trial_is_an_ok_row_with_throughput(local_sweep):
+    out, code, stdout, _ = local_sweep
+    assert code == 0, stdout[-3000:]
+    df = pd.read_parquet(out / "results.parquet")
+    assert len(df) == 4
+    assert (df["status"] == "ok").all()
+    assert (df["train/samples_per_s"] > 0).all()
+    assert sorted(df["hardware.cpu_workers"]) == [1, 1, 2, 2]
+    assert set(df["train/world_size"]) == {1, 2}
+    assert df["trial_key"].is_unique
+    csv = pd.read_csv(out / "results.csv")
+    assert list(csv.columns) == list(df.columns)
+
+
+def test_rows_are_appended_after_each_trial(local_sweep):
+    _, _, _, seen = local_sweep
+    # The table existed with 1, 2 and 3 rows while the sweep was still running.
+    assert {1, 2, 3} <= seen
+
+
+def test_run_files(local_sweep):
+    out, _, stdout, _ = local_sweep
+    info = json.loads((out / "system_info.json").read_text())
+    assert info["versions"]["ray"].startswith("2.60")
+    assert info["cluster"]["resources"]["CPU"] >= 3
+    assert (out / "sweep.yaml").exists()
+    trials = sorted((out / "trials").glob("*.json"))
+    assert len(trials) == 4
+    detail = json.loads(trials[1].read_text())
+    assert len(detail["records"]) == detail["row"]["train/world_size"]
+    assert len(detail["records"][0]["compute_s"]) == 4
+    summary = json.loads(stdout.strip().splitlines()[-1])["raybench"]
+    assert summary["trials"] == 4 and summary["ok"] == 4 and summary["failed"] == 0
+
+
+def test_unsatisfiable_trial_fails_fast_as_a_row(tmp_path):
+    out = tmp_path / "run"
+    t0 = time.monotonic()
+    proc = start_sweep(out, "--set", "hardware.num_gpus=4", "--set", "grid={batch_size: [8]}")
+    stdout, _ = proc.communicate(timeout=120)
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == 3, stdout[-3000:]
+    assert elapsed < 60
+    df = pd.read_parquet(out / "results.parquet")
+    assert list(df["status"]) == ["infeasible"]
+    assert re.search(r"needs .*GPU=4 in all .*cluster has .*GPU=0", df["error"][0])

@@ -1,0 +1,43 @@
+"""Failure classification: real allocation failures and Ray Train's wrapped errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from raybench.failures import classify, failure
+
+
+def test_real_cpu_allocation_failure_is_oom():
+    with pytest.raises(RuntimeError) as info:
+        torch.empty(2**62, dtype=torch.uint8)
+    out = failure(info.value)
+    assert out["status"] == "oom"
+    assert "allocate" in out["error"]
+
+
+def test_cuda_oom_class_is_oom():
+    exc = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert classify(exc, str(exc)) == "oom"
+
+
+def test_wrapped_worker_failure_is_walked():
+    class WorkerGroupError(Exception):
+        def __init__(self):
+            super().__init__("Training failed due to worker errors")
+            self.worker_failures = {0: torch.OutOfMemoryError("CUDA out of memory")}
+
+    assert failure(WorkerGroupError())["status"] == "oom"
+
+
+def test_placement_timeout_is_infeasible_with_resources():
+    class WorkerGroupStartupTimeoutError(Exception):
+        pass
+
+    out = failure(WorkerGroupStartupTimeoutError("timed out after 5s"), {"workers": 2})
+    assert out["status"] == "infeasible"
+    assert "wanted {'workers': 2}" in out["error"]
+
+
+def test_plain_error():
+    assert failure(ValueError("bad shape"))["status"] == "error"

@@ -1,0 +1,22 @@
+"""The in-process path must work where Ray is not installed (a lent GPU machine)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.conftest import ROOT
+
+
+def test_bench_runs_without_ray(tmp_path):
+    code = (
+        "import sys; sys.modules['ray'] = None\n"  # any `import ray` now raises ImportError
+        "from raybench.bench import main\n"
+        f"sys.exit(main(['run', 'sweeps/local_cpu.yaml', '--trials', '0', '--output', "
+        f"r'{tmp_path}', '--set', 'measure.measure_steps=2', '--set', 'measure.warmup_steps=1']))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert '"ok": 1' in proc.stdout.splitlines()[-1]
+    assert (tmp_path / "results.parquet").exists()

@@ -1,0 +1,115 @@
+"""The timed loop and the resnet workload in-process (no Ray): every hardware axis on CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from raybench.bench import run_local
+from raybench.context import WorkerContext
+from raybench.grid import expand
+from raybench.spec import load_sweep
+from raybench.worker import measure_rank
+
+
+def one_trial(write_sweep, *overrides):
+    spec = load_sweep(write_sweep(), ["grid={}", *overrides])
+    (trial,) = expand(spec)
+    return trial
+
+
+def cpu_ctx(trial):
+    return WorkerContext(0, 0, 1, 0, torch.device("cpu"), trial.hardware)
+
+
+def test_record_has_every_field(write_sweep):
+    trial = one_trial(write_sweep)
+    r = measure_rank(trial, cpu_ctx(trial))
+    assert len(r["compute_s"]) == len(r["wait_s"]) == 3
+    assert len(r["warmup_s"]) == 1
+    assert all(c > 0 for c in r["compute_s"])
+    assert r["params"] == sum(p.numel() for p in torch.nn.Module.parameters(
+        __import__("torchvision").models.resnet18(num_classes=10)))
+    assert r["peak_allocated_mb"] is None and r["rss_peak_mb"] > 0
+    assert r["loss_final"] > 0
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "amp_fp16"])
+def test_precisions_run_on_cpu(write_sweep, precision):
+    trial = one_trial(write_sweep, f"hardware.precision={precision}")
+    r = measure_rank(trial, cpu_ctx(trial))
+    assert r["loss_final"] == r["loss_final"]  # not NaN
+
+
+def test_autocast_dtype_applies(write_sweep):
+    trial = one_trial(write_sweep, "hardware.precision=bf16")
+    ctx = cpu_ctx(trial)
+    with ctx.autocast():
+        y = torch.nn.Linear(4, 4)(torch.randn(2, 4))
+    assert y.dtype == torch.bfloat16
+    assert ctx.grad_scaler() is None
+    fp16 = one_trial(write_sweep, "hardware.precision=amp_fp16")
+    assert cpu_ctx(fp16).grad_scaler() is not None
+
+
+def test_channels_last_model_and_inputs(write_sweep):
+    trial = one_trial(write_sweep, "hardware.channels_last=true")
+    ctx = cpu_ctx(trial)
+    model = ctx.prepare_model(torch.nn.Conv2d(3, 8, 3))
+    assert model.weight.is_contiguous(memory_format=torch.channels_last)
+    x = ctx.prepare_images(torch.randn(2, 3, 8, 8))
+    assert x.is_contiguous(memory_format=torch.channels_last)
+    measure_rank(trial, ctx)
+
+
+def test_data_wait_is_measured_with_a_loader(write_sweep):
+    trial = one_trial(write_sweep, "hardware.dataloader_workers=1")
+    r = measure_rank(trial, cpu_ctx(trial))
+    assert all(w > 0 for w in r["wait_s"])
+    resident = one_trial(write_sweep, "workload.data=synthetic_device")
+    r2 = measure_rank(resident, cpu_ctx(resident))
+    assert max(r2["wait_s"]) < min(r2["compute_s"])
+
+
+def test_time_window_becomes_agreed_step_count(write_sweep):
+    trial = one_trial(write_sweep, "measure={warmup_steps: 2, measure_seconds: 0.5}")
+    r = measure_rank(trial, cpu_ctx(trial))
+    steps = r["steps_per_window"]
+    assert steps == len(r["compute_s"]) >= 1
+    assert 0.2 < r["windows_s"][0] < 5.0
+
+
+def test_repeats_give_one_window_each(write_sweep):
+    trial = one_trial(write_sweep, "measure.repeats=3")
+    r = measure_rank(trial, cpu_ctx(trial))
+    assert len(r["windows_s"]) == 3 and len(r["compute_s"]) == 9
+
+
+def test_local_runner_two_ranks_sum_throughput(write_sweep):
+    trial = one_trial(write_sweep, "hardware.cpu_workers=2")
+    out = run_local(trial)
+    assert out["status"] == "ok", out.get("error")
+    ranks = out["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1]
+    total = sum(r["samples_per_s"] for r in ranks)
+    assert out["metrics"]["train/samples_per_s"] == pytest.approx(total)
+    assert out["metrics"]["train/global_batch_size"] == 8
+
+
+def test_local_runner_gpu_trial_without_gpu_is_infeasible(write_sweep):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    out = run_local(one_trial(write_sweep, "hardware.num_gpus=1"))
+    assert out["status"] == "infeasible" and "needs 1 GPUs" in out["error"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp32", "amp_fp16", "bf16"])
+def test_cuda_trial_reports_memory(write_sweep, precision):
+    trial = one_trial(write_sweep, "hardware.num_gpus=1", f"hardware.precision={precision}",
+                      "hardware.channels_last=true")
+    out = run_local(trial)
+    assert out["status"] == "ok", out.get("error")
+    m = out["metrics"]
+    assert m["mem/peak_allocated_mb"] > 0
+    assert m["mem/peak_reserved_mb"] >= m["mem/peak_allocated_mb"]
