@@ -113,3 +113,18 @@ def test_cuda_trial_reports_memory(write_sweep, precision):
     m = out["metrics"]
     assert m["mem/peak_allocated_mb"] > 0
     assert m["mem/peak_reserved_mb"] >= m["mem/peak_allocated_mb"]
+
+
+def test_imagefolder_data(write_sweep, tmp_path):
+    from PIL import Image
+
+    for cls in ("boat", "sea"):
+        (tmp_path / "imgs" / cls).mkdir(parents=True)
+        for i in range(8):
+            color = (i * 30, 100, 200) if cls == "boat" else (10, i * 30, 50)
+            Image.new("RGB", (48, 40), color).save(tmp_path / "imgs" / cls / f"{i}.jpg")
+    trial = one_trial(write_sweep, "workload.data=imagefolder",
+                      f"workload.data_path={tmp_path / 'imgs'}", "workload.image_size=32")
+    r = measure_rank(trial, cpu_ctx(trial))
+    assert len(r["compute_s"]) == 3
+    assert r["describe"]["input_shape"] == [3, 32, 32]

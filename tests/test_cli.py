@@ -1,0 +1,51 @@
+"""The sweep CLI without starting Ray: --dry-run plans, bad input exits 2 and writes nothing."""
+
+from __future__ import annotations
+
+import pytest
+
+from raybench.sweep import main
+
+
+@pytest.fixture(autouse=True)
+def no_cluster(monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+
+
+def test_dry_run_prints_plan_and_runs_nothing(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    sweep = str(__import__("tests.conftest").conftest.ROOT / "sweeps" / "local_cpu.yaml")
+    assert main([sweep, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "4 trials" in out
+    assert out.count(" fits") == 4
+    assert "workers=2 per_worker={'CPU': 1.0}" in out
+    assert not (tmp_path / "results").exists()
+
+
+def test_dry_run_exits_2_when_a_trial_never_fits(capsys, write_sweep):
+    code = main([str(write_sweep()), "--dry-run", "--set", "hardware.num_gpus=64"])
+    captured = capsys.readouterr()
+    assert code == 2
+    assert captured.out.count("NEVER FITS: needs") == 2
+    assert "GPU=64 in all" in captured.out
+    assert "2 of 2 trials can never be placed" in captured.err
+
+
+def test_invalid_spec_exits_2_with_one_paragraph(capsys, write_sweep, tmp_path):
+    out_dir = tmp_path / "out"
+    code = main([str(write_sweep()), "--set", "measure.warmup_steps=9", "--output", str(out_dir)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("raybench: invalid sweep: ")
+    assert "sweep.yaml: measure=" in err and "Fix:" in err
+    assert len(err.strip().splitlines()) == 1
+    assert not out_dir.exists()
+
+
+def test_unwritable_output_exits_2(capsys, write_sweep, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    code = main([str(write_sweep()), "--output", str(blocker / "run")])
+    assert code == 2
+    assert "output.dir" in capsys.readouterr().err
