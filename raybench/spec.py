@@ -127,8 +127,8 @@ class SweepSpec(Strict):
         }
 
 
-SECTIONS: dict[str, type[Strict]] = {
-    "system": SystemSpec,
+# Sections that may be left out (their defaults apply); `system` is required.
+OPTIONAL_SECTIONS: dict[str, type[Strict]] = {
     "hardware": HardwareSpec,
     "measure": MeasureSpec,
     "execution": ExecutionSpec,
@@ -190,14 +190,16 @@ def validate_sweep(raw: dict[str, Any], source: str = "<memory>") -> SweepSpec:
     if not isinstance(name, str) or not name or not all(c.isalnum() or c in "_.-" for c in name):
         raise SpecError(source, "name", name, "must be a non-empty word of letters, digits, _ . -",
                         "use a name such as dgx_a100")
-    sections = {k: _section(raw, k, model, source) for k, model in SECTIONS.items()}
+    system = build_model(SystemSpec, raw["system"], "system", source)
+    sections = {k: build_model(model, raw.get(k) or {}, k, source)
+                for k, model in OPTIONAL_SECTIONS.items()}
     workload_name, params = validate_workload(raw.get("workload"), source)
     grid = raw.get("grid") or {}
     if not isinstance(grid, dict):
         raise SpecError(source, "grid", grid, "must map dotted keys to lists of values",
                         "write e.g. grid: {batch_size: [16, 32]}")
-    return SweepSpec(name=name, workload_name=workload_name, workload=params, grid=grid,
-                     source=source, **sections)
+    return SweepSpec(name=name, system=system, workload_name=workload_name, workload=params,
+                     grid=grid, source=source, **sections)
 
 
 def validate_workload(block: Any, source: str) -> tuple[str, WorkloadParams]:
@@ -230,12 +232,6 @@ def build_model(model: type[BaseModel], data: Any, path: str, source: str) -> An
         where = f"{path}.{loc}" if loc else path
         value = err.get("input") if loc else data
         raise SpecError(source, where, value, _problem(err), _fix(model, err)) from None
-
-
-def _section(raw: dict[str, Any], key: str, model: type[BaseModel], source: str) -> Any:
-    if key not in raw or raw[key] is None:
-        return model() if key != "system" else None
-    return build_model(model, raw[key], key, source)
 
 
 def _reject_unknown(data: dict[str, Any], known: list[str], path: str, source: str) -> None:
