@@ -21,12 +21,11 @@ from typing import Any
 
 import torch
 
-from raybench import metrics
+from raybench import cli, metrics
 from raybench.context import WorkerContext
 from raybench.failures import failure
-from raybench.grid import TrialSpec, expand
-from raybench.results import ResultsTable, RowWriter, now, run_directory, write_run_files
-from raybench.spec import SpecError, load_sweep
+from raybench.grid import TrialSpec
+from raybench.results import ResultsTable, RowWriter, now, write_run_files
 from raybench.worker import run_worker
 
 log = logging.getLogger("raybench.bench")
@@ -45,14 +44,11 @@ def main(argv: list[str] | None = None) -> int:
     over.add_argument("--set", action="append", default=[], metavar="dotted.key=value")
     over.add_argument("--rounds", type=int, default=3, help="alternating rounds of each side")
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
-                        datefmt="%H:%M:%S")
-    try:
-        spec = load_sweep(args.sweep, args.set)
-        trials = expand(spec)
-    except SpecError as e:
-        print(f"raybench: invalid sweep: {e}", file=sys.stderr)
-        return 2
+    cli.setup_logging()
+    loaded = cli.load(args.sweep, args.set)
+    if loaded is None:
+        return cli.EXIT_INVALID
+    spec, trials = loaded
     if args.cmd == "overhead":
         from raybench.harness import overhead
 
@@ -61,11 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.trials:
         wanted = {int(i) for i in args.trials.split(",")}
         trials = [t for t in trials if t.index in wanted]
-    try:
-        out = run_directory(spec, args.output)
-    except SpecError as e:
-        print(f"raybench: {e}", file=sys.stderr)
-        return 2
+    out = cli.output_dir(spec, args.output)
+    if out is None:
+        return cli.EXIT_INVALID
     t0 = time.monotonic()
     write_run_files(out, spec, {"mode": "in-process, no Ray"})
     writer = RowWriter(spec, out.name, ResultsTable(out))
@@ -74,9 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         outcome = run_local(trial)
         outcome.update(start_time=start, end_time=now())
         writer.write(trial, outcome)
-    summary = writer.summary(out, time.monotonic() - t0)
-    print(json.dumps({"raybench": summary}), flush=True)
-    return 0 if summary["failed"] == 0 else 3
+    return cli.finish(writer.summary(out, time.monotonic() - t0))
 
 
 def run_local(trial: TrialSpec) -> dict[str, Any]:

@@ -1,8 +1,8 @@
 """`python -m raybench.sweep SWEEP.yaml`: a whole sweep, from YAML to results table.
 
-Owns the CLI, the run directory, the Tune grid (the only module importing ray.tune: one function
-trial per TrialSpec, one at a time) and the driver-side writer that appends a row as soon as each
-trial ends. Trials that can never be placed become `infeasible` rows without being started.
+Owns the CLI, the Tune grid (the only module importing ray.tune: one function trial per
+TrialSpec, one at a time) and the driver-side callback that appends a row as soon as each trial
+ends. Trials that can never be placed become `infeasible` rows without being started.
 Exit codes: 0 all trials ok, 3 some trials failed, 2 invalid input or unusable cluster.
 """
 
@@ -17,34 +17,27 @@ import time
 from pathlib import Path
 from typing import Any
 
-from raybench import cluster, plan
-from raybench.grid import TrialSpec, expand
-from raybench.results import ResultsTable, RowWriter, now, run_directory, write_run_files
-from raybench.spec import SpecError, SweepSpec, load_sweep
+from raybench import cli, cluster, plan
+from raybench.grid import TrialSpec
+from raybench.results import ResultsTable, RowWriter, now, write_run_files
+from raybench.spec import SweepSpec
 
 log = logging.getLogger("raybench.sweep")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
-                        datefmt="%H:%M:%S")
-    try:
-        spec = load_sweep(args.sweep, args.set)
-        trials = expand(spec)
-    except SpecError as e:
-        print(f"raybench: invalid sweep: {e}", file=sys.stderr)
-        return 2
+    cli.setup_logging()
+    loaded = cli.load(args.sweep, args.set)
+    if loaded is None:
+        return cli.EXIT_INVALID
+    spec, trials = loaded
     if args.dry_run:
         return plan.dry_run(spec, trials, args.address)
-    try:
-        out = run_directory(spec, args.output)
-    except SpecError as e:
-        print(f"raybench: {e}", file=sys.stderr)
-        return 2
-    summary = run_sweep(spec, trials, out, args.address)
-    print(json.dumps({"raybench": summary}), flush=True)
-    return 0 if summary["failed"] == 0 else 3
+    out = cli.output_dir(spec, args.output)
+    if out is None:
+        return cli.EXIT_INVALID
+    return cli.finish(run_sweep(spec, trials, out, args.address))
 
 
 def _parser() -> argparse.ArgumentParser:

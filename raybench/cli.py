@@ -1,0 +1,48 @@
+"""Entry-point plumbing shared by `raybench.sweep` and `raybench.bench`.
+
+Owns logging set-up (once, by the entry point), turning input errors into one paragraph on
+stderr with exit code 2, and the closing `{"raybench": summary}` line with exit 0 or 3.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from raybench.grid import TrialSpec, expand
+from raybench.results import run_directory
+from raybench.spec import SpecError, SweepSpec, load_sweep
+
+EXIT_OK, EXIT_INVALID, EXIT_TRIALS_FAILED = 0, 2, 3
+
+
+def setup_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
+                        datefmt="%H:%M:%S")
+
+
+def load(path: str, overrides: list[str]) -> tuple[SweepSpec, list[TrialSpec]] | None:
+    """The validated spec and its trials, or None after printing why (exit 2 follows)."""
+    try:
+        spec = load_sweep(path, overrides)
+        return spec, expand(spec)
+    except SpecError as e:
+        print(f"raybench: invalid sweep: {e}", file=sys.stderr)
+        return None
+
+
+def output_dir(spec: SweepSpec, override: str | None) -> Path | None:
+    try:
+        return run_directory(spec, override)
+    except SpecError as e:
+        print(f"raybench: {e}", file=sys.stderr)
+        return None
+
+
+def finish(summary: dict[str, Any]) -> int:
+    """Print the machine-readable last line; 0 when every trial is ok, else 3."""
+    print(json.dumps({"raybench": summary}), flush=True)
+    return EXIT_OK if summary["failed"] == 0 else EXIT_TRIALS_FAILED
