@@ -1,0 +1,288 @@
+"""Chipping xView3 scenes with Ray Data: `python -m raybench.data.chip`.
+
+Owns the plan (which chips of which scene: labelled chips plus a background fraction for
+training, every chip for inference), the Ray Data pipeline (one item per strip of chips,
+`from_items` -> `map`: each task reads its strip with bounded memory and writes one Parquet
+shard itself, so chip pixels never pass through the driver), labels in chip coordinates, the
+per-scene `_SUCCESS` marker that makes reruns skip finished scenes, and the chip index tables.
+
+Output: `shards/<scene_id>/strip-NNNNN.parquet` (columns scene_id, chip_index, chip_row,
+chip_col, row_off, col_off, valid_fraction, data: float32 C x H x W bytes, mask: uint8 H x W
+bytes), `chips.parquet` (one row per chip, with its shard), `chip_labels.parquet` (one row per
+label per chip, in-chip row/col and box), `errors.json` for skipped scenes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import math
+import os
+import resource
+import shutil
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from raybench.data import xview3 as x3
+from raybench.data.chipread import ChipParams, ChipReadError, read_strip, scene_shape
+
+log = logging.getLogger(__name__)
+REFERENCE_BOX_PX = 10  # the reference's fixed square box around a point label
+
+
+def plan(scene_dir: Path, labels: pd.DataFrame, params: ChipParams, select: str,
+         background: float, seed: int) -> list[dict[str, Any]]:
+    """Strip work items of one scene: each names its chip row and the chip columns to keep."""
+    rows, cols = scene_shape(scene_dir)
+    n_r, n_c = params.grid(rows, cols)
+    if select == "all":
+        keep = {(i, j) for i in range(n_r) for j in range(n_c)}
+    else:
+        labelled = {cell for _, lab in labels.iterrows()
+                    for cell in _cells_of(lab, params, n_r, n_c)}
+        empty = sorted({(i, j) for i in range(n_r) for j in range(n_c)} - labelled)
+        rng = np.random.default_rng([seed, int(scene_dir.name[:8], 16)])
+        n_bg = min(len(empty), int(math.ceil(background * len(labels))))
+        picked = rng.choice(len(empty), size=n_bg, replace=False) if n_bg else []
+        keep = labelled | {empty[k] for k in picked}
+    strips: dict[int, list[int]] = {}
+    for i, j in sorted(keep):
+        strips.setdefault(i, []).append(j)
+    return [{"scene_dir": str(scene_dir), "scene_id": scene_dir.name, "strip": i, "cols": js,
+             "n_cols": n_c} for i, js in sorted(strips.items())]
+
+
+def _cells_of(label: pd.Series, params: ChipParams, n_r: int, n_c: int) -> list[tuple[int, int]]:
+    """Every chip whose window contains the label's point (several where chips overlap)."""
+    def span(v: float, n: int) -> range:
+        hi = min(n - 1, int(v // params.stride))
+        lo = max(0, int(math.floor((v - params.chip_size) / params.stride)) + 1)
+        return range(lo, hi + 1)
+
+    r, c = label["detect_scene_row"], label["detect_scene_column"]
+    return [(i, j) for i in span(r, n_r) for j in span(c, n_c)]
+
+
+def chip_scenes(scenes: Path, labels_csv: Path, out: Path, params: ChipParams,
+                select: Literal["train", "all"] = "train", background: float = 0.5,
+                seed: int = 0, on_error: Literal["fail", "skip"] = "fail") -> dict[str, Any]:
+    """Chip every unfinished scene under `scenes` with Ray Data; returns the stage's figures."""
+    import ray
+
+    params.validate()
+    labels = read_labels(labels_csv)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    tag = params_tag(params, select, background, seed)
+    todo, done, errors = [], [], {}
+    for scene_dir in x3.scene_dirs(scenes):
+        if _finished(out, scene_dir.name, tag):
+            done.append(scene_dir.name)
+            continue
+        try:
+            items = plan(scene_dir, labels[labels.scene_id == scene_dir.name], params, select,
+                         background, seed)
+        except ChipReadError as e:
+            if on_error == "fail":
+                raise
+            errors[scene_dir.name] = str(e)
+            continue
+        shutil.rmtree(out / "shards" / scene_dir.name, ignore_errors=True)
+        todo += [{**it, "out": str(out), "params": asdict(params)} for it in items]
+    log.info("chipping: %d strips from %d scenes (%d scenes already done)", len(todo),
+             len({t["scene_id"] for t in todo}), len(done))
+    t0 = time.perf_counter()
+    results = []
+    if todo:
+        ds = ray.data.from_items(todo, override_num_blocks=len(todo)).map(_strip_task, num_cpus=1)
+        results = ds.take_all()
+    elapsed = time.perf_counter() - t0
+    metas = _finish_scenes(out, results, tag, errors, on_error)
+    index = write_index(out, labels, params)
+    chips = sum(m["chips"] for m in metas)
+    nbytes = sum(m["bytes_read"] for m in metas)
+    summary = {
+        "stage": "preprocess", "scenes_done": len(metas), "scenes_skipped_done": len(done),
+        "scenes_failed": len(errors), "chips": chips, "seconds": elapsed,
+        "chips_per_s": chips / elapsed if elapsed > 0 and chips else None,
+        "mb_per_s": nbytes / 2**20 / elapsed if elapsed > 0 and chips else None,
+        "peak_rss_mb_worker": max((r["peak_rss_mb"] for r in results), default=None),
+        "peak_rss_mb_driver": _peak_rss_mb(), "chips_total": len(index), "errors": errors,
+    }
+    (out / "errors.json").write_text(json.dumps(errors, indent=1))
+    return summary
+
+
+def _strip_task(item: dict[str, Any]) -> dict[str, Any]:
+    """Ray Data map: read one strip, write its shard atomically, return metadata only."""
+    params = ChipParams(**{**item["params"], "channels": tuple(item["params"]["channels"])})
+    try:
+        data, mask = read_strip(Path(item["scene_dir"]), item["strip"], item["cols"], params)
+    except ChipReadError as e:
+        return {"scene_id": item["scene_id"], "strip": item["strip"], "error": str(e),
+                "chips": "[]", "bytes_read": 0, "peak_rss_mb": _peak_rss_mb()}
+    stride, n = params.stride, len(item["cols"])
+    rows = {
+        "scene_id": [item["scene_id"]] * n,
+        "chip_index": [item["strip"] * item["n_cols"] + j for j in item["cols"]],
+        "chip_row": [item["strip"]] * n, "chip_col": list(item["cols"]),
+        "row_off": [item["strip"] * stride] * n, "col_off": [j * stride for j in item["cols"]],
+        "valid_fraction": [float(m.mean()) for m in mask],
+    }
+    table = pa.table({**rows, "data": [d.tobytes() for d in data],
+                      "mask": [m.tobytes() for m in mask]})
+    shard = Path(item["out"]) / "shards" / item["scene_id"] / f"strip-{item['strip']:05d}.parquet"
+    shard.parent.mkdir(parents=True, exist_ok=True)
+    tmp = shard.with_suffix(f".tmp{os.getpid()}")
+    pq.write_table(table, tmp)
+    os.replace(tmp, shard)
+    meta = [{k: v[i] for k, v in rows.items()} | {"shard": str(shard.relative_to(item["out"]))}
+            for i in range(n)]
+    return {"scene_id": item["scene_id"], "strip": item["strip"], "error": None,
+            "chips": json.dumps(meta), "bytes_read": data.nbytes, "peak_rss_mb": _peak_rss_mb()}
+
+
+def _finish_scenes(out: Path, results: list[dict[str, Any]], tag: str,
+                   errors: dict[str, str], on_error: str) -> list[dict[str, Any]]:
+    by_scene: dict[str, list[dict[str, Any]]] = {}
+    for r in results:
+        by_scene.setdefault(r["scene_id"], []).append(r)
+    metas = []
+    for scene_id, parts in sorted(by_scene.items()):
+        failed = [p["error"] for p in parts if p["error"]]
+        if failed:
+            if on_error == "fail":
+                raise ChipReadError(failed[0])
+            errors[scene_id] = failed[0]
+            shutil.rmtree(out / "shards" / scene_id, ignore_errors=True)
+            continue
+        chips = [c for p in parts for c in json.loads(p["chips"])]
+        folder = out / "shards" / scene_id
+        pd.DataFrame(chips).sort_values("chip_index").to_parquet(folder / "index.parquet")
+        (folder / "_SUCCESS").write_text(json.dumps({"params": tag, "chips": len(chips)}))
+        metas.append({"scene_id": scene_id, "chips": len(chips),
+                      "bytes_read": sum(p["bytes_read"] for p in parts)})
+    return metas
+
+
+def write_index(out: Path, labels: pd.DataFrame, params: ChipParams) -> pd.DataFrame:
+    """`chips.parquet` over every finished scene, and the labels in chip coordinates."""
+    parts = [pd.read_parquet(p) for p in sorted((out / "shards").glob("*/index.parquet"))]
+    chips = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+    chips.to_parquet(out / "chips.parquet", index=False)
+    chip_labels(chips, labels, params).to_parquet(out / "chip_labels.parquet", index=False)
+    return chips
+
+
+def chip_labels(chips: pd.DataFrame, labels: pd.DataFrame, params: ChipParams) -> pd.DataFrame:
+    """One row per (label, chip containing it): in-chip position, box and detector class."""
+    if chips.empty or labels.empty:
+        return pd.DataFrame()
+    m = labels.merge(chips[["scene_id", "chip_index", "row_off", "col_off"]], on="scene_id")
+    r = m["detect_scene_row"] - m["row_off"]
+    c = m["detect_scene_column"] - m["col_off"]
+    m = m[(r >= 0) & (r < params.chip_size) & (c >= 0) & (c < params.chip_size)].copy()
+    m["chip_row_px"] = m["detect_scene_row"] - m["row_off"]
+    m["chip_col_px"] = m["detect_scene_column"] - m["col_off"]
+    half = REFERENCE_BOX_PX / 2
+    known = m[["top", "left", "bottom", "right"]].notna().all(axis=1)
+    m["box_top"] = np.where(known, m["top"] - m["row_off"], m["chip_row_px"] - half)
+    m["box_left"] = np.where(known, m["left"] - m["col_off"], m["chip_col_px"] - half)
+    m["box_bottom"] = np.where(known, m["bottom"] - m["row_off"], m["chip_row_px"] + half)
+    m["box_right"] = np.where(known, m["right"] - m["col_off"], m["chip_col_px"] + half)
+    m["label_class"] = np.select(
+        [m["is_vessel"].eq(False).fillna(False), m["is_fishing"].eq(True).fillna(False)],
+        [x3.NON_VESSEL, x3.FISHING], x3.NON_FISHING)
+    return m.drop(columns=["row_off", "col_off"]).reset_index(drop=True)
+
+
+def read_labels(path: Path) -> pd.DataFrame:
+    """A label CSV with the 16 columns; missing columns or bad values are a clear error."""
+    try:
+        df = pd.read_csv(path, dtype={"scene_id": str, "detect_id": str})
+    except (OSError, pd.errors.ParserError) as e:
+        raise ValueError(f"{path}: cannot be read as a label CSV ({e})") from None
+    missing = [c for c in x3.LABEL_COLUMNS if c not in df.columns]
+    if missing:
+        raise ValueError(f"{path}: missing label columns {missing}; a label CSV has "
+                         f"{x3.LABEL_COLUMNS}")
+    for col in ("detect_scene_row", "detect_scene_column"):
+        bad = df[col].isna() | (pd.to_numeric(df[col], errors="coerce") < 0)
+        if bad.any():
+            raise ValueError(f"{path}: column {col} has missing or negative values in rows "
+                             f"{list(df.index[bad][:5] + 2)} (file lines)")
+    for col in ("is_vessel", "is_fishing"):
+        df[col] = df[col].map({True: True, False: False, "True": True, "False": False})
+        df[col] = df[col].astype("boolean")
+    return df
+
+
+def params_tag(params: ChipParams, select: str, background: float, seed: int) -> str:
+    blob = json.dumps([asdict(params), select, background, seed], sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _finished(out: Path, scene_id: str, tag: str) -> bool:
+    marker = out / "shards" / scene_id / "_SUCCESS"
+    return marker.exists() and json.loads(marker.read_text()).get("params") == tag
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def load_chip(shard_row: dict[str, Any], channels: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Decode one shard row back into (C, H, W) float32 data and (H, W) mask."""
+    data = np.frombuffer(shard_row["data"], dtype=np.float32).reshape(channels, size, size)
+    mask = np.frombuffer(shard_row["mask"], dtype=np.uint8).reshape(size, size)
+    return data, mask
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m raybench.data.chip",
+                                description=__doc__.split("\n")[0])
+    p.add_argument("--scenes", required=True, help="a split root of scene folders")
+    p.add_argument("--labels", required=True, help="the split's label CSV")
+    p.add_argument("--out", required=True)
+    p.add_argument("--chip-size", type=int, default=800)
+    p.add_argument("--overlap", type=int, default=0)
+    p.add_argument("--channels", default="vh,vv,bathymetry")
+    p.add_argument("--normalize", choices=["standard", "reference"], default="standard")
+    p.add_argument("--select", choices=["train", "all"], default="train",
+                   help="train: labelled chips plus background; all: every chip (inference)")
+    p.add_argument("--background", type=float, default=0.5,
+                   help="empty chips per label row, for --select train")
+    p.add_argument("--on-error", choices=["fail", "skip"], default="fail")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--num-cpus", type=int, help="CPUs of the embedded Ray (default: all)")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    params = ChipParams(args.chip_size, args.overlap, tuple(args.channels.split(",")),
+                        args.normalize)
+    try:
+        params.validate()
+        import ray
+
+        ray.init(num_cpus=args.num_cpus, include_dashboard=False,
+                 logging_level=logging.WARNING)
+        summary = chip_scenes(Path(args.scenes), Path(args.labels), Path(args.out), params,
+                              args.select, args.background, args.seed, args.on_error)
+    except (ValueError, FileNotFoundError, ChipReadError) as e:
+        print(f"raybench: chipping failed: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps({"raybench_chips": summary}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
