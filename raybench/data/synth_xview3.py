@@ -231,7 +231,8 @@ def write_scene(scene: Scene, root: Path) -> pd.DataFrame:
             dst.write(data.astype(np.float32), 1)
     shore = root / "shoreline" / scene.split
     shore.mkdir(parents=True, exist_ok=True)
-    contours = scene.contours()
+    # Labels measure distance from exactly what the file holds (float32 points).
+    contours = [c.astype(np.float32).astype(np.float64) for c in scene.contours()]
     x3.save_shoreline(x3.shoreline_path(shore, scene.scene_id), contours)
     return labels_for(scene, targets, contours)
 
@@ -240,7 +241,8 @@ def labels_for(scene: Scene, targets: pd.DataFrame, contours: list[np.ndarray]) 
     rng = np.random.default_rng([scene.seed, scene.index, 11])
     k = len(targets)
     # Pixel centres through the affine transform, then UTM -> WGS84.
-    xs, ys = scene.transform * (targets["col"].to_numpy() + 0.5, targets["row"].to_numpy() + 0.5)
+    xs, ys = rasterio.transform.xy(scene.transform, targets["row"].to_numpy(),
+                                   targets["col"].to_numpy(), offset="center")
     lon, lat = warp_transform(f"EPSG:{scene.epsg}", "EPSG:4326", list(xs), list(ys))
     vessel = (targets["kind"] == "vessel").to_numpy()
     length_known = rng.random(k) > 0.25
