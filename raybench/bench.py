@@ -1,9 +1,10 @@
-"""`python -m raybench.bench`: the same trials in-process, without Ray, and the harness tax.
+"""`python -m raybench.bench`: trials in-process without Ray; the harness tax; the chip stage.
 
 `run SWEEP.yaml` executes a sweep's trials with the same workload code, timed loop, metrics and
 results table as the Ray path, in this process (ranks > 1 are spawned locally with
 torch.distributed): for machines without Ray, such as a lent GPU box. `overhead` compares a bare
-PyTorch loop with a full raybench trial (harness.py holds both sides).
+PyTorch loop with a full raybench trial (harness.py holds both sides); `chips` compares Ray Data
+chipping with the reference's serial whole-band chipping (data/chipbench.py).
 """
 
 from __future__ import annotations
@@ -43,8 +44,23 @@ def main(argv: list[str] | None = None) -> int:
     over.add_argument("sweep", nargs="?", default="sweeps/overhead_cpu.yaml")
     over.add_argument("--set", action="append", default=[], metavar="dotted.key=value")
     over.add_argument("--rounds", type=int, default=3, help="alternating rounds of each side")
+    chips = sub.add_parser("chips", help="Ray Data chipping vs the reference's serial chipping")
+    chips.add_argument("--data", default="results/chipbench_data",
+                       help="scene root (generated there if it has no labels yet)")
+    chips.add_argument("--scenes", type=int, default=3)
+    chips.add_argument("--size", default="8000x8000", help="ROWSxCOLS of generated scenes")
+    chips.add_argument("--chip-size", type=int, default=800)
+    chips.add_argument("--cpus", type=int, help="Ray CPUs (default: all cores)")
+    chips.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     cli.setup_logging()
+    if args.cmd == "chips":
+        from raybench.data.chipbench import compare
+
+        result = compare(Path(args.data), args.scenes, args.size, args.chip_size, args.cpus,
+                         args.seed)
+        print(json.dumps({"raybench_chips_bench": result}))
+        return 0
     loaded = cli.load(args.sweep, args.set)
     if loaded is None:
         return cli.EXIT_INVALID

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import math
 import os
-import resource
 import socket
-import sys
 import time
 from typing import Any
 
@@ -22,6 +20,7 @@ import torch
 from raybench import workloads
 from raybench.context import WorkerContext
 from raybench.grid import TrialSpec
+from raybench.memory import peak_rss_mb
 
 
 def run_worker(trial: TrialSpec, ctx: WorkerContext) -> list[dict[str, Any]] | None:
@@ -107,10 +106,7 @@ def _steps_for_window(seconds: float, warm: list, ctx: WorkerContext) -> int:
 
 
 def _memory(ctx: WorkerContext) -> dict[str, float | None]:
-    # ru_maxrss is the process's peak resident set in KiB on Linux (bytes on macOS).
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    peak_mb = peak / 2**20 if sys.platform == "darwin" else peak / 2**10
-    out = {"rss_peak_mb": peak_mb, "peak_allocated_mb": None, "peak_reserved_mb": None}
+    out = {"rss_peak_mb": peak_rss_mb(), "peak_allocated_mb": None, "peak_reserved_mb": None}
     if ctx.is_cuda:
         out["peak_allocated_mb"] = torch.cuda.max_memory_allocated(ctx.device) / 2**20
         out["peak_reserved_mb"] = torch.cuda.max_memory_reserved(ctx.device) / 2**20

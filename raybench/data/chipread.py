@@ -70,16 +70,20 @@ def scene_shape(scene_dir: Path) -> tuple[int, int]:
 
 def read_strip(scene_dir: Path, strip: int, chip_cols: list[int],
                params: ChipParams) -> tuple[np.ndarray, np.ndarray]:
-    """Chips `chip_cols` of chip row `strip`: data (n, C, H, W) float32, mask (n, H, W) uint8."""
+    """Chips `chip_cols` of chip row `strip`: data (n, C, H, W) float32, mask (n, H, W) uint8.
+
+    Reads only the columns those chips span, so callers bound memory by asking for a few chips
+    at a time whatever the scene's width."""
     rows, cols = scene_shape(scene_dir)
     size, stride = params.chip_size, params.stride
-    r0 = strip * stride
-    c_end = max(chip_cols) * stride + size
-    bands = [_read_band(Path(scene_dir), ch, r0, size, c_end, rows, cols) for ch in params.channels]
+    r0, c0 = strip * stride, min(chip_cols) * stride
+    c1 = max(chip_cols) * stride + size
+    bands = [_read_band(Path(scene_dir), ch, r0, size, c0, c1, rows, cols)
+             for ch in params.channels]
     data = np.empty((len(chip_cols), len(bands), size, size), dtype=np.float32)
     mask = np.empty((len(chip_cols), size, size), dtype=np.uint8)
     for k, j in enumerate(chip_cols):
-        sl = slice(j * stride, j * stride + size)
+        sl = slice(j * stride - c0, j * stride - c0 + size)
         valid = np.ones((size, size), dtype=bool)
         for band in bands:
             valid &= band[:, sl] != x3.NODATA
@@ -100,52 +104,51 @@ def normalize(raw: np.ndarray, channel: str, valid: np.ndarray, mode: str) -> np
     return np.where(valid, (raw - offset) / scale, 0.0).astype(np.float32)
 
 
-def _read_band(scene_dir: Path, channel: str, r0: int, height: int, c_end: int,
+def _read_band(scene_dir: Path, channel: str, r0: int, height: int, c0: int, c1: int,
                rows: int, cols: int) -> np.ndarray:
-    """Rows [r0, r0+height) x cols [0, c_end) of a channel on the 10 m grid, nodata-padded."""
+    """Rows [r0, r0+height) x cols [c0, c1) of a channel on the 10 m grid, nodata-padded."""
     path = scene_dir / x3.CHANNEL_FILES[channel]
-    out = np.full((height, c_end), x3.NODATA, dtype=np.float32)
-    h, w = min(height, rows - r0), min(c_end, cols)
+    out = np.full((height, c1 - c0), x3.NODATA, dtype=np.float32)
+    h, w = min(height, rows - r0), min(c1, cols) - c0
     if h <= 0 or w <= 0:
         return out
     with _open(path) as src:
         try:
             if channel in x3.FINE_CHANNELS:
-                out[:h, :w] = src.read(1, window=Window(0, r0, w, h))
+                out[:h, :w] = src.read(1, window=Window(c0, r0, w, h))
             else:
-                out[:h, :w] = _resample_rows(src, r0, h, w)
+                out[:h, :w] = _resample(src, r0, h, c0, w)
         except rasterio.errors.RasterioError as e:  # truncated or corrupt tiles
             raise ChipReadError(f"scene {scene_dir.name}: cannot read {path.name} ({e})") from None
     return out
 
 
-def _resample_rows(src, r0: int, h: int, w: int) -> np.ndarray:
-    """Bilinear 500 m -> 10 m for fine rows [r0, r0+h), cols [0, w), reading only the coarse
-    rows they need. Pixel centres map as (i + 0.5) / 50 - 0.5 in coarse index space; nodata
-    neighbours get no weight, and a fine pixel with only nodata neighbours stays nodata."""
+def _resample(src, r0: int, h: int, c0: int, w: int) -> np.ndarray:
+    """Bilinear 500 m -> 10 m for fine rows [r0, r0+h), cols [c0, c0+w), reading only the
+    coarse rows they need. Pixel centres map as (i + 0.5) / 50 - 0.5 in coarse index space
+    (clamped at the edges). Nodata neighbours get no weight and a fine pixel with only nodata
+    neighbours stays nodata: bilinear weights are separable, so the weighted sum of valid values
+    and the sum of valid weights are each two 1-D interpolations, rows first (few coarse rows)."""
     f = x3.COARSE_FACTOR
-    y = (np.arange(r0, r0 + h) + 0.5) / f - 0.5
-    x = (np.arange(w) + 0.5) / f - 0.5
-    top = max(0, int(np.floor(y[0])))
+    y = np.clip((np.arange(r0, r0 + h) + 0.5) / f - 0.5, 0, src.height - 1)
+    x = np.clip((np.arange(c0, c0 + w) + 0.5) / f - 0.5, 0, src.width - 1)
+    top = int(np.floor(y[0]))
     bottom = min(src.height - 1, int(np.floor(y[-1])) + 1)
-    coarse = src.read(1, window=Window(0, top, src.width, bottom - top + 1)).astype(np.float64)
-    good = coarse != x3.NODATA
-    vals = np.where(good, coarse, 0.0)
-    y0 = np.clip(np.floor(y).astype(int), 0, src.height - 1)
-    y1 = np.clip(y0 + 1, 0, src.height - 1)
-    x0 = np.clip(np.floor(x).astype(int), 0, src.width - 1)
-    x1 = np.clip(x0 + 1, 0, src.width - 1)
-    wy = np.clip(y - np.floor(y), 0, 1)[:, None]
-    wx = np.clip(x - np.floor(x), 0, 1)[None, :]
-    y0, y1 = y0 - top, y1 - top
-    num = np.zeros((h, w))
-    den = np.zeros((h, w))
-    for yi, wyy in ((y0, 1 - wy), (y1, wy)):
-        for xi, wxx in ((x0, 1 - wx), (x1, wx)):
-            weight = wyy * wxx * good[yi][:, xi]
-            num += weight * vals[yi][:, xi]
-            den += weight
-    return np.where(den > 0, num / np.maximum(den, 1e-12), x3.NODATA).astype(np.float32)
+    coarse = src.read(1, window=Window(0, top, src.width, bottom - top + 1))
+    good = (coarse != x3.NODATA).astype(np.float32)
+    num = _interp(_interp(np.where(good > 0, coarse, 0).astype(np.float32), y - top, 0), x, 1)
+    den = _interp(_interp(good, y - top, 0), x, 1)
+    return np.where(den > 1e-6, num / np.maximum(den, 1e-6), x3.NODATA).astype(np.float32)
+
+
+def _interp(a: np.ndarray, pos: np.ndarray, axis: int) -> np.ndarray:
+    """Linear interpolation of `a` at fractional indices `pos` along `axis`."""
+    i0 = np.floor(pos).astype(int)
+    i1 = np.minimum(i0 + 1, a.shape[axis] - 1)
+    wt = (pos - i0).astype(np.float32)
+    if axis == 0:
+        return a[i0] * (1 - wt)[:, None] + a[i1] * wt[:, None]
+    return a[:, i0] * (1 - wt)[None, :] + a[:, i1] * wt[None, :]
 
 
 def _open(path: Path):

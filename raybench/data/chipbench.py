@@ -1,0 +1,132 @@
+"""`python -m raybench.bench chips`: raybench's Ray Data chipping against the reference way.
+
+Owns the baseline (what the public xView3 reference does: one process, each whole band read
+into memory, 500 m bands upsampled whole, padded, every chip of every channel saved as its own
+`.npy`) and the comparison on the same generated scenes: chips/s and peak RSS of each side. Each
+side runs in a fresh subprocess so its peak RSS is its own.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import rasterio
+
+from raybench.data import xview3 as x3
+from raybench.memory import peak_rss_mb
+
+log = logging.getLogger(__name__)
+CHANNELS = ("vh", "vv", "bathymetry")
+
+
+def baseline(scenes: Path, out: Path, chip: int = 800) -> dict[str, Any]:
+    """Serial whole-band chipping into one .npy per chip per channel."""
+    t0 = time.perf_counter()
+    n = 0
+    for scene in x3.scene_dirs(scenes):
+        with rasterio.open(scene / x3.CHANNEL_FILES["vh"]) as ref:
+            rows, cols = ref.height, ref.width
+        pr, pc = -(-rows // chip) * chip, -(-cols // chip) * chip
+        for ch in CHANNELS:
+            with rasterio.open(scene / x3.CHANNEL_FILES[ch]) as src:
+                band = src.read(1)
+            if ch not in x3.FINE_CHANNELS:
+                band = _upsample_whole(band, rows, cols)
+            padded = np.zeros((pr, pc), dtype=np.float32)  # the reference pads with 0
+            padded[:rows, :cols] = band
+            del band
+            folder = out / scene.name / ch
+            folder.mkdir(parents=True, exist_ok=True)
+            cells = [(i, j) for i in range(pr // chip) for j in range(pc // chip)]
+            for k, (i, j) in enumerate(cells):
+                np.save(folder / f"{k}.npy", padded[i * chip:(i + 1) * chip,
+                                                    j * chip:(j + 1) * chip])
+        n += (pr // chip) * (pc // chip)
+    elapsed = time.perf_counter() - t0
+    return {"chips": n, "seconds": elapsed, "chips_per_s": n / elapsed,
+            "peak_rss_mb": peak_rss_mb()}
+
+
+def _upsample_whole(coarse: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    """Separable bilinear to the full grid in float32 (rows first, then columns)."""
+    f = x3.COARSE_FACTOR
+    y = np.clip((np.arange(rows) + 0.5) / f - 0.5, 0, coarse.shape[0] - 1)
+    x = np.clip((np.arange(cols) + 0.5) / f - 0.5, 0, coarse.shape[1] - 1)
+    y0 = np.floor(y).astype(int)
+    y1 = np.minimum(y0 + 1, coarse.shape[0] - 1)
+    wy = (y - y0).astype(np.float32)[:, None]
+    tall = coarse[y0] * (1 - wy) + coarse[y1] * wy
+    x0 = np.floor(x).astype(int)
+    x1 = np.minimum(x0 + 1, coarse.shape[1] - 1)
+    wx = (x - x0).astype(np.float32)[None, :]
+    return (tall[:, x0] * (1 - wx) + tall[:, x1] * wx).astype(np.float32)
+
+
+def raybench_side(scenes: Path, labels: Path, out: Path, chip: int, cpus: int | None
+                  ) -> dict[str, Any]:
+    import ray
+
+    from raybench.data.chip import chip_scenes
+    from raybench.data.chipread import ChipParams
+
+    t0 = time.perf_counter()
+    ray.init(num_cpus=cpus, include_dashboard=False, logging_level=logging.WARNING)
+    start_s = time.perf_counter() - t0
+    try:
+        s = chip_scenes(scenes, labels, out, ChipParams(chip_size=chip, channels=CHANNELS),
+                        select="all")
+    finally:
+        ray.shutdown()
+    return {**s, "ray_start_s": start_s}
+
+
+def compare(data: Path, scenes: int, size: str, chip: int, cpus: int | None, seed: int
+            ) -> dict[str, Any]:
+    """Generate scenes if needed, then run both sides in fresh processes on the same files."""
+    from raybench.data.synth_xview3 import generate
+
+    rows, cols = (int(v) for v in size.split("x"))
+    if not (data / "labels" / "train.csv").exists():
+        log.info("generating %d scenes of %s under %s", scenes, size, data)
+        generate(data, scenes, rows, cols, seed)
+    sides = {}
+    for side in ("baseline", "raybench"):
+        out = data / f"bench_{side}"
+        subprocess.run(["rm", "-rf", str(out)], check=True)
+        cmd = [sys.executable, "-m", "raybench.data.chipbench", side, str(data), str(out),
+               str(chip), str(cpus or 0)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{side} side failed:\n{proc.stderr[-3000:]}")
+        sides[side] = json.loads(proc.stdout.strip().splitlines()[-1])
+        subprocess.run(["rm", "-rf", str(out)], check=True)
+    with rasterio.open(next((data / "train").iterdir()) / x3.CHANNEL_FILES["vh"]) as src:
+        band_mb = src.height * src.width * 4 / 2**20
+    b, r = sides["baseline"], sides["raybench"]
+    return {
+        "scenes_train": len(x3.scene_dirs(data / "train")), "scene_size": size, "chip": chip,
+        "one_band_mb": band_mb, "baseline": b, "raybench": r,
+        "speedup_chips_per_s": r["chips_per_s"] / b["chips_per_s"],
+        "raybench_peak_rss_mb": max(r["peak_rss_mb_worker"], r["peak_rss_mb_driver"]),
+    }
+
+
+def _side_main(argv: list[str]) -> None:
+    side, data, out, chip, cpus = argv[0], Path(argv[1]), Path(argv[2]), int(argv[3]), int(argv[4])
+    if side == "baseline":
+        result = baseline(data / "train", out, chip)
+    else:
+        result = raybench_side(data / "train", data / "labels" / "train.csv", out, chip,
+                               cpus or None)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    _side_main(sys.argv[1:])

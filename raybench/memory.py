@@ -1,0 +1,23 @@
+"""Process memory figures that mean what they say.
+
+Owns the peak resident set of the calling process. `getrusage().ru_maxrss` survives `execve`, so a
+process started from a big parent (a torch-loaded driver) would report the parent's peak; the
+kernel's VmHWM belongs to the current address space only, so it is read first.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+
+
+def peak_rss_mb() -> float:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024
