@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from raybench.grid import TrialSpec, expand
+from raybench.grid import TrialSpec, expand, stage_variants
 from raybench.results import run_directory
 from raybench.spec import SpecError, SweepSpec, load_sweep
 
@@ -28,6 +28,7 @@ def load(path: str, overrides: list[str]) -> tuple[SweepSpec, list[TrialSpec]] |
     """The validated spec and its trials, or None after printing why (exit 2 follows)."""
     try:
         spec = load_sweep(path, overrides)
+        stage_variants(spec)  # validated here too, before anything starts
         return spec, expand(spec)
     except SpecError as e:
         print(f"raybench: invalid sweep: {e}", file=sys.stderr)

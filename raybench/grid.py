@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raybench import workloads
+from raybench.data.stage import PreprocessSpec
 from raybench.spec import (
     HardwareSpec,
     MeasureSpec,
@@ -92,18 +93,51 @@ def resolve_key(key: str, spec: SweepSpec) -> str:
 
 def expand(spec: SweepSpec) -> list[TrialSpec]:
     """Every grid combination as a validated TrialSpec, in a deterministic order."""
-    axes: list[tuple[str, list[Any]]] = []
-    for key, values in spec.grid.items():
-        if not isinstance(values, list) or not values:
-            raise SpecError(spec.source, f"grid.{key}", values, "must be a non-empty list",
-                            f"write grid.{key}: [value, ...]")
-        axes.append((resolve_key(key, spec), values))
+    trial_axes = [(k, v) for k, v in _axes(spec) if not k.startswith("preprocess.")]
+    if spec.workload is None:
+        if trial_axes:
+            raise SpecError(spec.source, "grid", [k for k, _ in trial_axes], "sweeps trial "
+                            "fields but the sweep has no workload", "add a workload: section")
+        return []
+    axes = [(resolve_key(key, spec), values) for key, values in trial_axes]
     _check_axis_values(spec, axes)
     trials = []
     for combo in itertools.product(*(values for _, values in axes)):
         overrides = {key: value for (key, _), value in zip(axes, combo, strict=True)}
         trials.append(_resolve(spec, len(trials), overrides))
     return trials
+
+
+def stage_variants(spec: SweepSpec) -> list[PreprocessSpec]:
+    """The preprocess stage once per combination of `grid.preprocess.*` axes, in order."""
+    if spec.preprocess is None:
+        if any(k.startswith("preprocess.") for k in spec.grid):
+            raise SpecError(spec.source, "grid", list(spec.grid), "sweeps preprocess fields "
+                            "but the sweep has no preprocess section", "add a preprocess: section")
+        return []
+    axes = [(k.partition(".")[2], v) for k, v in _axes(spec) if k.startswith("preprocess.")]
+    if axes and not spec.preprocess.fresh:
+        raise SpecError(spec.source, "preprocess.fresh", False, "a swept stage would hit its "
+                        "own cache after the first variant and measure nothing",
+                        "set preprocess.fresh: true")
+    base = spec.preprocess.model_dump()
+    variants = []
+    for combo in itertools.product(*(values for _, values in axes)):
+        data = {**base, **{name: v for (name, _), v in zip(axes, combo, strict=True)}}
+        where = f"grid combination {[v for v in combo]}"
+        try:
+            variants.append(build_model(PreprocessSpec, data, "preprocess", spec.source))
+        except SpecError as e:
+            raise SpecError(spec.source, f"{e.path} ({where})", e.value, e.problem, e.fix) from None
+    return variants
+
+
+def _axes(spec: SweepSpec) -> list[tuple[str, list[Any]]]:
+    for key, values in spec.grid.items():
+        if not isinstance(values, list) or not values:
+            raise SpecError(spec.source, f"grid.{key}", values, "must be a non-empty list",
+                            f"write grid.{key}: [value, ...]")
+    return list(spec.grid.items())
 
 
 def _section_models(spec: SweepSpec) -> dict[str, type]:

@@ -17,10 +17,16 @@ from raybench.spec import SweepSpec
 
 def dry_run(spec: SweepSpec, trials: list[TrialSpec], address: str | None) -> int:
     """Print the plan; exit code 2 if any trial can never fit, else 0. Runs nothing."""
+    from raybench.grid import stage_variants
+
     nodes, where = _nodes_for_plan(address)
     print(f"sweep {spec.name} ({spec.source}): {len(trials)} trials, workload "
           f"{spec.workload_name}, system {spec.system.label}; planned against {where}: "
           f"{_shape(nodes)}")
+    for i, v in enumerate(stage_variants(spec)):
+        print(f"  [stage {i}] preprocess {v.scenes} -> chip_size={v.chip_size} "
+              f"overlap={v.overlap} channels={v.channels} cpus={v.cpus or 'all'} "
+              f"{'fresh' if v.fresh else 'cached in ' + v.out}")
     bad = 0
     for t in trials:
         why = placement(t, nodes)

@@ -24,14 +24,15 @@ from raybench.spec import SpecError, SweepSpec
 
 log = logging.getLogger(__name__)
 Status = Literal["ok", "oom", "error", "timeout", "infeasible"]
-ID_COLUMNS = ["sweep", "run_id", "trial_index", "trial_key", "system", "start_time", "end_time",
-              "status", "error"]
+ID_COLUMNS = ["sweep", "run_id", "stage", "trial_index", "trial_key", "system", "start_time",
+              "end_time", "status", "error"]
 
 
 def make_row(*, sweep: str, run_id: str, system: str, trial: TrialSpec, status: Status,
              error: str | None, start: str, end: str, metrics: dict[str, Any]) -> dict[str, Any]:
     return {
-        "sweep": sweep, "run_id": run_id, "trial_index": trial.index, "trial_key": trial.key,
+        "sweep": sweep, "run_id": run_id, "stage": "benchmark", "trial_index": trial.index,
+        "trial_key": trial.key,
         "system": system, "start_time": start, "end_time": end, "status": status,
         "error": error, **trial.config(), **metrics,
     }
@@ -91,6 +92,7 @@ class RowWriter:
     def __init__(self, spec: SweepSpec, run_id: str, table: ResultsTable):
         self.spec, self.run_id, self.table = spec, run_id, table
         self.done: dict[str, str] = {}
+        self.stages: list[dict[str, Any]] = []
 
     def write(self, trial: TrialSpec, outcome: dict[str, Any]) -> None:
         stamp = now()
@@ -109,9 +111,23 @@ class RowWriter:
         log.info("trial %d %s: %s%s", trial.index, trial.key, outcome["status"],
                  f", {thr:.1f} samples/s" if thr else f" ({(outcome.get('error') or '')[:200]})")
 
+    def write_stage(self, key: str, outcome: dict[str, Any], start: str) -> None:
+        """A preprocess stage run as a row: `stage=preprocess`, its config and figures."""
+        row = {
+            "sweep": self.spec.name, "run_id": self.run_id, "stage": "preprocess",
+            "trial_index": None, "trial_key": key, "system": self.spec.system.label,
+            "start_time": start, "end_time": now(), "status": outcome["status"],
+            "error": outcome.get("error"), **outcome["config"], **outcome["metrics"],
+        }
+        self.table.append(row)
+        self.stages.append({"key": key, "status": outcome["status"],
+                            "output": outcome.get("output"),
+                            "chips_per_s": outcome["metrics"].get("preprocess/chips_per_s"),
+                            "cached": outcome["metrics"].get("preprocess/cached")})
+
     def summary(self, out: Path, elapsed_s: float) -> dict[str, Any]:
-        statuses = list(self.done.values())
-        ok = [r for r in self.table.rows if r["status"] == "ok"]
+        statuses = list(self.done.values()) + [s["status"] for s in self.stages]
+        ok = [r for r in self.table.rows if r["status"] == "ok" and r["stage"] == "benchmark"]
         best = max(ok, key=lambda r: r["train/samples_per_s"], default=None)
         return {
             "sweep": self.spec.name, "run_id": self.run_id, "output": str(out),
@@ -120,6 +136,7 @@ class RowWriter:
             "status_counts": {s: statuses.count(s) for s in sorted(set(statuses))},
             "best": None if best is None else {
                 "trial_key": best["trial_key"], "samples_per_s": best["train/samples_per_s"]},
+            "preprocess": self.stages,
             "elapsed_s": round(elapsed_s, 1),
         }
 

@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from raybench import workloads
+from raybench.data.stage import PreprocessSpec
 from raybench.workloads import WorkloadParams
 
 Precision = Literal["fp32", "amp_fp16", "bf16"]
@@ -104,13 +105,14 @@ class OutputSpec(Strict):
 class SweepSpec(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     system: SystemSpec
-    workload_name: str
-    workload: WorkloadParams
+    workload_name: str | None  # None: a preprocess-only sweep, no trials
+    workload: WorkloadParams | None
     hardware: HardwareSpec = HardwareSpec()
     grid: dict[str, list[Any]] = Field(default_factory=dict)
     measure: MeasureSpec = MeasureSpec()
     execution: ExecutionSpec = ExecutionSpec()
     output: OutputSpec = OutputSpec()
+    preprocess: PreprocessSpec | None = None
     source: str = "<memory>"
 
     def to_yaml_dict(self) -> dict[str, Any]:
@@ -118,12 +120,14 @@ class SweepSpec(Strict):
         return {
             "name": self.name,
             "system": self.system.model_dump(),
-            "workload": {"name": self.workload_name, **self.workload.model_dump()},
+            **({"workload": {"name": self.workload_name, **self.workload.model_dump()}}
+               if self.workload else {}),
             "hardware": self.hardware.model_dump(),
             "grid": self.grid,
             "measure": self.measure.model_dump(),
             "execution": self.execution.model_dump(),
             "output": self.output.model_dump(),
+            **({"preprocess": self.preprocess.model_dump(mode="json")} if self.preprocess else {}),
         }
 
 
@@ -134,7 +138,8 @@ OPTIONAL_SECTIONS: dict[str, type[Strict]] = {
     "execution": ExecutionSpec,
     "output": OutputSpec,
 }
-TOP_KEYS = ["name", "system", "workload", "hardware", "grid", "measure", "execution", "output"]
+TOP_KEYS = ["name", "system", "workload", "hardware", "grid", "measure", "execution", "output",
+            "preprocess"]
 
 
 def load_sweep(path: str | Path, overrides: list[str] | None = None) -> SweepSpec:
@@ -183,6 +188,8 @@ def apply_override(raw: dict[str, Any], item: str, source: str) -> None:
 def validate_sweep(raw: dict[str, Any], source: str = "<memory>") -> SweepSpec:
     _reject_unknown(raw, TOP_KEYS, "", source)
     for key in ("name", "system", "workload"):
+        if key == "workload" and raw.get("preprocess") is not None:
+            continue  # a sweep of the preprocess stage alone
         if key not in raw:
             raise SpecError(source, key, None, "is required",
                             f"add a '{key}:' section (see sweeps/local_cpu.yaml)")
@@ -193,13 +200,18 @@ def validate_sweep(raw: dict[str, Any], source: str = "<memory>") -> SweepSpec:
     system = build_model(SystemSpec, raw["system"], "system", source)
     sections = {k: build_model(model, raw.get(k) or {}, k, source)
                 for k, model in OPTIONAL_SECTIONS.items()}
-    workload_name, params = validate_workload(raw.get("workload"), source)
+    workload_name, params = None, None
+    if raw.get("workload") is not None or raw.get("preprocess") is None:
+        workload_name, params = validate_workload(raw.get("workload"), source)
     grid = raw.get("grid") or {}
     if not isinstance(grid, dict):
         raise SpecError(source, "grid", grid, "must map dotted keys to lists of values",
                         "write e.g. grid: {batch_size: [16, 32]}")
+    preprocess = None
+    if raw.get("preprocess") is not None:
+        preprocess = build_model(PreprocessSpec, raw["preprocess"], "preprocess", source)
     return SweepSpec(name=name, system=system, workload_name=workload_name, workload=params,
-                     grid=grid, source=source, **sections)
+                     grid=grid, source=source, preprocess=preprocess, **sections)
 
 
 def validate_workload(block: Any, source: str) -> tuple[str, WorkloadParams]:

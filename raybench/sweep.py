@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from raybench import cli, cluster, plan
-from raybench.grid import TrialSpec
+from raybench.data.stage import PreprocessSpec
+from raybench.grid import TrialSpec, stage_variants
 from raybench.results import ResultsTable, RowWriter, now, write_run_files
 from raybench.spec import SweepSpec
 
@@ -60,6 +61,8 @@ def run_sweep(spec: SweepSpec, trials: list[TrialSpec], out: Path,
     try:
         write_run_files(out, spec, cluster.describe())
         writer = RowWriter(spec, run_id, ResultsTable(out))
+        for variant in stage_variants(spec):
+            _stage(variant, out, writer)
         runnable = []
         nodes = cluster.nodes()
         for t in trials:
@@ -81,6 +84,21 @@ def run_sweep(spec: SweepSpec, trials: list[TrialSpec], out: Path,
 
             ray.shutdown()
     return writer.summary(out, time.monotonic() - t0)
+
+
+def _stage(variant: PreprocessSpec, out: Path, writer: RowWriter) -> None:
+    """Run one preprocess variant; a failure is a row, and the trials still run."""
+    from raybench.data.stage import run_stage, stage_config, variant_key
+
+    start = now()
+    key = variant_key(variant)
+    try:
+        outcome = run_stage(variant, out)
+    except Exception as e:  # missing inputs, corrupt rasters under on_error=fail, ...
+        log.error("preprocess failed: %s", e)
+        outcome = {"status": "error", "error": f"{type(e).__name__}: {e}", "metrics": {},
+                   "config": stage_config(variant)}
+    writer.write_stage(key, outcome, start)
 
 
 def _tune(spec: SweepSpec, trials: list[TrialSpec], out: Path, writer: RowWriter) -> None:

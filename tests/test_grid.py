@@ -71,3 +71,28 @@ def test_placement_totals_and_per_node(write_sweep):
     # totals suffice but no node holds a 4-CPU+1-GPU worker on the GPU-less node
     lopsided = [{"CPU": 4.0, "GPU": 8.0}, {"CPU": 64.0}]
     assert "hold only 1 such workers" in placement(t, lopsided)
+
+
+def test_preprocess_grid_needs_fresh(write_sweep, tmp_path):
+    from raybench.grid import stage_variants
+
+    path = write_sweep(f"""
+        name: p
+        system: {{label: a}}
+        preprocess: {{scenes: {tmp_path}/s, labels: {tmp_path}/l.csv,
+                      generate: {{scenes: 1}}}}
+        grid: {{preprocess.cpus: [1, 2]}}
+        """)
+    spec = load_sweep(path)
+    assert expand(spec) == []  # no workload: a stage-only sweep
+    with pytest.raises(SpecError, match=r"preprocess.fresh=False: .*measure nothing.*fresh: true"):
+        stage_variants(spec)
+    spec = load_sweep(path, ["preprocess.fresh=true"])
+    assert [v.cpus for v in stage_variants(spec)] == [1, 2]
+
+
+def test_preprocess_inputs_must_exist_without_generate(write_sweep, tmp_path):
+    path = write_sweep(f"name: p\nsystem: {{label: a}}\n"
+                       f"preprocess: {{scenes: {tmp_path}/none, labels: {tmp_path}/l.csv}}\n")
+    with pytest.raises(SpecError, match=r"preprocess=.*scenes directory .* does not exist"):
+        load_sweep(path)

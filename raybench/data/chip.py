@@ -77,8 +77,10 @@ def _cells_of(label: pd.Series, params: ChipParams, n_r: int, n_c: int) -> list[
 
 def chip_scenes(scenes: Path, labels_csv: Path, out: Path, params: ChipParams,
                 select: Literal["train", "all"] = "train", background: float = 0.5,
-                seed: int = 0, on_error: Literal["fail", "skip"] = "fail") -> dict[str, Any]:
-    """Chip every unfinished scene under `scenes` with Ray Data; returns the stage's figures."""
+                seed: int = 0, on_error: Literal["fail", "skip"] = "fail",
+                cpus: int | None = None) -> dict[str, Any]:
+    """Chip every unfinished scene under `scenes` with Ray Data (on at most `cpus` Ray CPUs);
+    returns the stage's figures."""
 
     params.validate()
     labels = read_labels(labels_csv)
@@ -103,7 +105,7 @@ def chip_scenes(scenes: Path, labels_csv: Path, out: Path, params: ChipParams,
     log.info("chipping: %d strips from %d scenes (%d scenes already done)", len(todo),
              len({t["scene_id"] for t in todo}), len(done))
     t0 = time.perf_counter()
-    results = [json.loads(r["result"]) for r in _run_strips(todo)] if todo else []
+    results = [json.loads(r["result"]) for r in _run_strips(todo, cpus)] if todo else []
     elapsed = time.perf_counter() - t0
     metas = _finish_scenes(out, results, tag, errors, on_error)
     index = write_index(out, labels, params)
@@ -121,7 +123,7 @@ def chip_scenes(scenes: Path, labels_csv: Path, out: Path, params: ChipParams,
     return summary
 
 
-def _run_strips(todo: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _run_strips(todo: list[dict[str, Any]], cpus: int | None) -> list[dict[str, Any]]:
     """Ray Data over the strip items: a few blocks per CPU, each task working its strips in turn.
 
     Measured on 2 CPUs (Ray 2.60): one block per strip ran one task at a time for seconds while
@@ -130,15 +132,17 @@ def _run_strips(todo: list[dict[str, Any]]) -> list[dict[str, Any]]:
     import ray
 
     ctx = ray.data.DataContext.get_current()
-    saved = ctx.op_resource_reservation_enabled
+    saved = ctx.op_resource_reservation_enabled, ctx.execution_options.resource_limits
     ctx.op_resource_reservation_enabled = False
+    have = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    cpus = min(cpus or have, have)
+    ctx.execution_options.resource_limits = ray.data.ExecutionResources.for_limits(cpu=cpus)
     try:
-        cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
         items = [{"item": json.dumps(t)} for t in todo]
         ds = ray.data.from_items(items, override_num_blocks=min(len(items), 2 * cpus))
         return ds.map_batches(_strip_batch, num_cpus=1, batch_size=None).take_all()
     finally:
-        ctx.op_resource_reservation_enabled = saved
+        ctx.op_resource_reservation_enabled, ctx.execution_options.resource_limits = saved
 
 
 def _strip_batch(batch: dict[str, np.ndarray]) -> dict[str, list[str]]:
