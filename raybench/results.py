@@ -126,13 +126,15 @@ class RowWriter:
                             "cached": outcome["metrics"].get("preprocess/cached")})
 
     def summary(self, out: Path, elapsed_s: float) -> dict[str, Any]:
-        statuses = list(self.done.values()) + [s["status"] for s in self.stages]
+        statuses = list(self.done.values())
+        stages_failed = sum(s["status"] != "ok" for s in self.stages)
         ok = [r for r in self.table.rows if r["status"] == "ok" and r["stage"] == "benchmark"]
         best = max(ok, key=lambda r: r["train/samples_per_s"], default=None)
         return {
             "sweep": self.spec.name, "run_id": self.run_id, "output": str(out),
             "results": str(self.table.parquet), "trials": len(statuses),
-            "ok": statuses.count("ok"), "failed": len(statuses) - statuses.count("ok"),
+            "ok": statuses.count("ok"),
+            "failed": len(statuses) - statuses.count("ok") + stages_failed,
             "status_counts": {s: statuses.count(s) for s in sorted(set(statuses))},
             "best": None if best is None else {
                 "trial_key": best["trial_key"], "samples_per_s": best["train/samples_per_s"]},
