@@ -1,0 +1,135 @@
+"""The preprocess stage a sweep declares: chip xView3 scenes once before the trials, measured.
+
+Owns the `preprocess:` section of a sweep (its pydantic model lives here, beside the code that
+consumes it), the cache (chips under `<out>/<tag>`, the tag a hash of the inputs' identity and
+the chip parameters, so a second sweep reuses them) and the stage's result row
+(`stage=preprocess`: chips/s, MB/s, peak memory). Optionally generates synthetic scenes first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+log = logging.getLogger(__name__)
+
+
+class GenerateSpec(BaseModel):
+    """Synthetic scenes to create under `scenes`' parent when they do not exist yet."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    scenes: int = Field(4, ge=1)
+    size: str = Field("2400x2400", pattern=r"^\d+x\d+$")
+    seed: int = 0
+
+
+class PreprocessSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    scenes: str = Field(description="a split root of scene folders, e.g. data/xview3/train")
+    labels: str = Field(description="that split's label CSV")
+    out: str = Field("data/chips", description="cache root of chip outputs")
+    chip_size: int = Field(800, ge=16)
+    overlap: int = Field(0, ge=0)
+    channels: list[str] = Field(default_factory=lambda: ["vh", "vv", "bathymetry"])
+    normalize: Literal["standard", "reference"] = "standard"
+    select: Literal["train", "all"] = "train"
+    background: float = Field(0.5, ge=0)
+    seed: int = 0
+    on_error: Literal["fail", "skip"] = "fail"
+    cpus: int | None = Field(None, ge=1, description="Ray CPUs the stage may use")
+    fresh: bool = Field(False, description="chip into the run directory, ignoring the cache")
+    generate: GenerateSpec | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> PreprocessSpec:
+        if self.overlap >= self.chip_size:
+            raise ValueError(f"overlap ({self.overlap}) must be < chip_size ({self.chip_size})")
+        from raybench.data.xview3 import CHANNEL_FILES
+
+        unknown = [c for c in self.channels if c not in CHANNEL_FILES]
+        if unknown or not self.channels:
+            raise ValueError(f"unknown channels {unknown}; choose from {list(CHANNEL_FILES)}")
+        if self.generate is None:
+            if not Path(self.scenes).is_dir():
+                raise ValueError(f"scenes directory '{self.scenes}' does not exist (add "
+                                 "preprocess.generate to create synthetic scenes)")
+            if not Path(self.labels).is_file():
+                raise ValueError(f"labels file '{self.labels}' does not exist")
+        return self
+
+
+def run_stage(spec: PreprocessSpec, run_dir: Path) -> dict[str, Any]:
+    """Chip (or find cached) scenes; returns the stage row's fields. Needs Ray connected."""
+    from raybench.data.chip import chip_scenes
+    from raybench.data.chipread import ChipParams
+
+    _generate_if_missing(spec)
+    params = ChipParams(spec.chip_size, spec.overlap, tuple(spec.channels), spec.normalize)
+    out = Path(spec.out) / _tag(spec)
+    if spec.fresh:  # every variant (cpus included) measured from scratch in the run directory
+        out = run_dir / "preprocess" / variant_key(spec)
+        shutil.rmtree(out, ignore_errors=True)
+    t0 = time.perf_counter()
+    summary = chip_scenes(Path(spec.scenes), Path(spec.labels), out, params, spec.select,
+                          spec.background, spec.seed, spec.on_error, cpus=spec.cpus)
+    cached = summary["chips"] == 0 and summary["scenes_skipped_done"] > 0
+    log.info("preprocess: %s chips in %s (%s)", summary["chips_total"], out,
+             "cached" if cached else f"{summary['chips_per_s'] or 0:.1f} chips/s")
+    return {
+        "status": "ok" if not summary["errors"] else "error",
+        "error": json.dumps(summary["errors"]) if summary["errors"] else None,
+        "config": stage_config(spec),
+        "metrics": {
+            "preprocess/chips": summary["chips"],
+            "preprocess/chips_total": summary["chips_total"],
+            "preprocess/chips_per_s": summary["chips_per_s"],
+            "preprocess/mb_per_s": summary["mb_per_s"],
+            "preprocess/seconds": summary["seconds"],
+            "preprocess/wall_s": time.perf_counter() - t0,
+            "preprocess/peak_rss_mb_worker": summary["peak_rss_mb_worker"],
+            "preprocess/peak_rss_mb_driver": summary["peak_rss_mb_driver"],
+            "preprocess/cached": cached,
+        },
+        "output": str(out),
+    }
+
+
+def variant_key(spec: PreprocessSpec) -> str:
+    return hashlib.sha256(spec.model_dump_json().encode()).hexdigest()[:12]
+
+
+def stage_config(spec: PreprocessSpec) -> dict[str, Any]:
+    """The stage's settings as `preprocess.*` result columns."""
+    return {f"preprocess.{k}": v for k, v in spec.model_dump(mode="json").items()
+            if k != "generate"}
+
+
+def _generate_if_missing(spec: PreprocessSpec) -> None:
+    if spec.generate is None or Path(spec.labels).is_file():
+        return
+    from raybench.data.synth_xview3 import generate
+
+    root = Path(spec.scenes).parent
+    rows, cols = (int(v) for v in spec.generate.size.split("x"))
+    log.info("preprocess: generating %d synthetic scenes of %s under %s", spec.generate.scenes,
+             spec.generate.size, root)
+    generate(root, spec.generate.scenes, rows, cols, spec.generate.seed)
+
+
+def _tag(spec: PreprocessSpec) -> str:
+    """Cache key: what the chips depend on (inputs' identity and chip parameters), not `cpus`."""
+    labels = Path(spec.labels)
+    stat = labels.stat() if labels.exists() else None
+    payload = {
+        "scenes": str(Path(spec.scenes).resolve()), "labels": str(labels.resolve()),
+        "labels_stat": [stat.st_size, stat.st_mtime_ns] if stat else None,
+        **spec.model_dump(mode="json", exclude={"cpus", "fresh", "out", "on_error"}),
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
