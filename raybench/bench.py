@@ -26,7 +26,14 @@ from raybench import cli, metrics
 from raybench.context import WorkerContext
 from raybench.failures import failure
 from raybench.grid import TrialSpec
-from raybench.results import ResultsTable, RowWriter, now, write_run_files
+from raybench.results import (
+    History,
+    ResultsTable,
+    RowWriter,
+    history_root,
+    now,
+    write_run_files,
+)
 from raybench.worker import run_worker
 
 log = logging.getLogger("raybench.bench")
@@ -78,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         return cli.EXIT_INVALID
     t0 = time.monotonic()
     write_run_files(out, spec, {"mode": "in-process, no Ray"})
-    writer = RowWriter(spec, out.name, ResultsTable(out))
+    history = History(history_root(spec, args.output))
+    writer = RowWriter(spec, out.name, ResultsTable(out), history)
     for trial in trials:
         start = now()
         outcome = run_local(trial)

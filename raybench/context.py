@@ -9,7 +9,9 @@ hands in the ranks; this module never imports ray.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -29,6 +31,7 @@ class WorkerContext:
     node_rank: int
     device: torch.device
     hardware: HardwareSpec
+    phase_s: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def distributed(self) -> bool:
@@ -42,6 +45,18 @@ class WorkerContext:
         """Wait for queued device work; the step timer calls this inside the timed region."""
         if self.is_cuda:
             torch.cuda.synchronize(self.device)
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Time one part of a step (forward, backward, ...), synchronised on both ends.
+
+        The syncs cost a little overlap between the parts; workloads use this only where
+        the split itself is the question (the tile benchmark's forward vs backward)."""
+        self.synchronize()
+        start = time.perf_counter()
+        yield
+        self.synchronize()
+        self.phase_s.setdefault(name, []).append(time.perf_counter() - start)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         dtype = _AUTOCAST_DTYPES.get(self.hardware.precision)

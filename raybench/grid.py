@@ -170,6 +170,8 @@ def _resolve(spec: SweepSpec, index: int, overrides: dict[str, Any]) -> TrialSpe
         data = _base(spec, section)
         data.update({k.partition(".")[2]: v for k, v in overrides.items()
                      if k.startswith(section + ".")})
+        if section == "measure":
+            data = _with_workload_defaults(spec, resolved["workload"], data)
         where = f"grid combination {overrides}" if overrides else section
         try:
             resolved[section] = build_model(models[section], data, section, spec.source)
@@ -179,6 +181,15 @@ def _resolve(spec: SweepSpec, index: int, overrides: dict[str, Any]) -> TrialSpe
     key = trial_key(spec.workload_name, resolved)
     return TrialSpec(index=index, key=key, sweep=spec.name, workload_name=spec.workload_name,
                      overrides=overrides, **resolved)
+
+
+def _with_workload_defaults(spec: SweepSpec, params: WorkloadParams,
+                            measure: dict[str, Any]) -> dict[str, Any]:
+    """A workload's own window defaults (per mode, say) fill the measure fields left unset."""
+    defaults = workloads.get(spec.workload_name).measure_defaults(params)
+    if "measure_seconds" in measure:
+        defaults.pop("measure_steps", None)
+    return {**defaults, **measure}
 
 
 def trial_key(workload_name: str, sections: dict[str, Any]) -> str:

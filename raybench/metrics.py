@@ -56,10 +56,22 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         "train/loss_final": first["loss_final"],
         "mem/peak_allocated_mb": _max(records, "peak_allocated_mb"),
         "mem/peak_reserved_mb": _max(records, "peak_reserved_mb"),
+        "mem/allocated_mb": _max(records, "allocated_mb"),
+        "mem/reserved_mb": _max(records, "reserved_mb"),
         "host/rss_peak_mb": _max(records, "rss_peak_mb"),
         "model/params_m": first["params"] / 1e6,
         "model/size_mb": first["model_size_mb"],
     }
+    for name in sorted({n for r in records for n in r.get("phase_s", {})}):
+        ms = np.concatenate([np.asarray(r["phase_s"].get(name, [])) * 1e3 for r in records])
+        out[f"train/{name}_mean_ms"] = float(ms.mean())
+        out[f"train/{name}_std_ms"] = float(ms.std(ddof=1)) if ms.size > 1 else 0.0
+    pixels = first.get("describe", {}).get("pixels_per_sample")
+    if pixels:
+        out["train/pixels_per_s"] = out["train/samples_per_s"] * pixels
+        # per MB of the memory that limits the tile: device peak on GPU, process peak on CPU
+        peak = out["mem/peak_allocated_mb"] or out["host/rss_peak_mb"]
+        out["train/pixels_per_s_per_mb"] = out["train/pixels_per_s"] / peak if peak else None
     return out
 
 

@@ -7,10 +7,12 @@ per-trial JSON with raw step times. Never parses strings back into objects: Parq
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import math
 import os
+import subprocess
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
@@ -52,6 +54,48 @@ def run_directory(spec: SweepSpec, override: str | None) -> Path:
     return out.resolve()
 
 
+def history_root(spec: SweepSpec, override: str | None) -> Path:
+    """Where `history.parquet` lives: the results root, or beside an explicit run directory."""
+    explicit = override or spec.output.dir
+    return Path(explicit).resolve().parent if explicit else Path(spec.output.root).resolve()
+
+
+def code_version() -> str:
+    """The git commit of the raybench checkout (with `+dirty` for local changes), else the
+    package version: what the history compares across weeks."""
+    here = Path(__file__).resolve().parent
+    try:
+        sha = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True,
+                             text=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--", "."],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return sha + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        from importlib.metadata import version
+
+        return f"raybench-{version('raybench')}"
+
+
+class History:
+    """`history.parquet` + `history.csv` under the results root: every row of every run, with
+    when it was recorded and the code version. A lock file serialises concurrent sweeps."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.parquet = self.root / "history.parquet"
+        self.version = code_version()
+
+    def append(self, row: dict[str, Any]) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        entry = {**row, "recorded_at": now(), "code_version": self.version}
+        with open(self.root / ".history.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            rows = pd.read_parquet(self.parquet).to_dict("records") if self.parquet.exists() else []
+            frame = to_frame([*rows, entry])
+            _atomic(self.parquet, lambda p: frame.to_parquet(p, index=False))
+            _atomic(self.root / "history.csv", lambda p: frame.to_csv(p, index=False))
+
+
 def write_run_files(out: Path, spec: SweepSpec, cluster: dict[str, Any]) -> None:
     """The resolved spec and the system facts, written before the first trial."""
     from raybench import sysinfo  # imports torch: kept off the dry-run path
@@ -89,8 +133,9 @@ class ResultsTable:
 class RowWriter:
     """Turns trial outcomes into rows and trial files; remembers what is written."""
 
-    def __init__(self, spec: SweepSpec, run_id: str, table: ResultsTable):
-        self.spec, self.run_id, self.table = spec, run_id, table
+    def __init__(self, spec: SweepSpec, run_id: str, table: ResultsTable,
+                 history: History | None = None):
+        self.spec, self.run_id, self.table, self.history = spec, run_id, table, history
         self.done: dict[str, str] = {}
         self.stages: list[dict[str, Any]] = []
 
@@ -105,7 +150,7 @@ class RowWriter:
             "trial": trial.to_dict(), "row": row, "ranks": outcome.get("ranks", []),
             "records": outcome.get("records", []),
         })
-        self.table.append(row)
+        self._append(row)
         self.done[trial.key] = outcome["status"]
         thr = outcome["metrics"].get("train/samples_per_s")
         log.info("trial %d %s: %s%s", trial.index, trial.key, outcome["status"],
@@ -119,11 +164,16 @@ class RowWriter:
             "start_time": start, "end_time": now(), "status": outcome["status"],
             "error": outcome.get("error"), **outcome["config"], **outcome["metrics"],
         }
-        self.table.append(row)
+        self._append(row)
         self.stages.append({"key": key, "status": outcome["status"],
                             "output": outcome.get("output"),
                             "chips_per_s": outcome["metrics"].get("preprocess/chips_per_s"),
                             "cached": outcome["metrics"].get("preprocess/cached")})
+
+    def _append(self, row: dict[str, Any]) -> None:
+        self.table.append(row)
+        if self.history is not None:
+            self.history.append(row)
 
     def summary(self, out: Path, elapsed_s: float) -> dict[str, Any]:
         statuses = list(self.done.values())

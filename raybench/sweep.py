@@ -20,7 +20,14 @@ from typing import Any
 from raybench import cli, cluster, plan
 from raybench.data.stage import PreprocessSpec
 from raybench.grid import TrialSpec, stage_variants
-from raybench.results import ResultsTable, RowWriter, now, write_run_files
+from raybench.results import (
+    History,
+    ResultsTable,
+    RowWriter,
+    history_root,
+    now,
+    write_run_files,
+)
 from raybench.spec import SweepSpec
 
 log = logging.getLogger("raybench.sweep")
@@ -38,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     out = cli.output_dir(spec, args.output)
     if out is None:
         return cli.EXIT_INVALID
-    return cli.finish(run_sweep(spec, trials, out, args.address))
+    history = History(history_root(spec, args.output))
+    return cli.finish(run_sweep(spec, trials, out, args.address, history))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -53,14 +61,14 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def run_sweep(spec: SweepSpec, trials: list[TrialSpec], out: Path,
-              address: str | None = None) -> dict[str, Any]:
+              address: str | None = None, history: History | None = None) -> dict[str, Any]:
     """Run every trial on Ray and return the summary; rows are on disk as each trial ends."""
     t0 = time.monotonic()
     run_id = out.name
     started = cluster.connect(address)
     try:
         write_run_files(out, spec, cluster.describe())
-        writer = RowWriter(spec, run_id, ResultsTable(out))
+        writer = RowWriter(spec, run_id, ResultsTable(out), history)
         for variant in stage_variants(spec):
             _stage(variant, out, writer)
         runnable = []

@@ -48,6 +48,7 @@ def measure_rank(trial: TrialSpec, ctx: WorkerContext) -> dict[str, Any]:
     warm = [_timed_step(workload, batches, ctx) for _ in range(m.warmup_steps)]
     steps = m.measure_steps or _steps_for_window(m.measure_seconds, warm, ctx)
 
+    ctx.phase_s.clear()  # warmup's phase times are not measurements
     wait_s: list[float] = []
     compute_s: list[float] = []
     windows_s: list[float] = []
@@ -79,6 +80,7 @@ def measure_rank(trial: TrialSpec, ctx: WorkerContext) -> dict[str, Any]:
         "wait_s": wait_s,
         "compute_s": compute_s,
         "windows_s": windows_s,
+        "phase_s": dict(ctx.phase_s),
         "setup_s": setup_s,
         "loss_final": None if loss is None else float(loss.float().item()),
         "params": n_params,
@@ -106,8 +108,11 @@ def _steps_for_window(seconds: float, warm: list, ctx: WorkerContext) -> int:
 
 
 def _memory(ctx: WorkerContext) -> dict[str, float | None]:
-    out = {"rss_peak_mb": peak_rss_mb(), "peak_allocated_mb": None, "peak_reserved_mb": None}
+    out = {"rss_peak_mb": peak_rss_mb(), "peak_allocated_mb": None, "peak_reserved_mb": None,
+           "allocated_mb": None, "reserved_mb": None}
     if ctx.is_cuda:
+        out["allocated_mb"] = torch.cuda.memory_allocated(ctx.device) / 2**20
+        out["reserved_mb"] = torch.cuda.memory_reserved(ctx.device) / 2**20
         out["peak_allocated_mb"] = torch.cuda.max_memory_allocated(ctx.device) / 2**20
         out["peak_reserved_mb"] = torch.cuda.max_memory_reserved(ctx.device) / 2**20
     return out

@@ -64,6 +64,11 @@ class Workload(ABC):
     def model(self) -> torch.nn.Module:
         """The unwrapped model, for parameter counts."""
 
+    @classmethod
+    def measure_defaults(cls, params: WorkloadParams) -> dict[str, Any]:
+        """Warmup and window for this workload where the sweep sets none (see MeasureSpec)."""
+        return {}
+
     def samples_per_step(self) -> int:
         return self.params.batch_size
 

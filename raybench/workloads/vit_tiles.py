@@ -1,0 +1,145 @@
+"""A Prithvi-style ViT tile model: which tile and batch fit a GPU, and how many pixels per second.
+
+Owns the model (a ViT encoder over multispectral tiles, patch 16, sizes tiny / base / large /
+huge after ViT-Ti/B/L/H, with a light transposed-convolution decoder back to per-pixel output;
+random weights), its two modes (`inference`: forward under no_grad; `train`: forward, backward,
+AdamW step) with forward / backward / optimizer times recorded through `ctx.phase`, and the
+pixel count the metrics turn into pixels/s. Inputs are one random batch resident on the device:
+the question here is compute and memory, not the input pipeline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Literal
+
+import torch
+from pydantic import Field, model_validator
+from torch import nn
+
+from raybench.workloads import Workload, WorkloadParams, register
+
+# (embed dim, depth, heads): ViT-Ti/B/L/H. Prithvi-EO 1.0 is a ViT-B (~100M), Prithvi-EO 2.0
+# comes as ViT-L (~300M) and ViT-H (~600M).
+SIZES = {"tiny": (192, 12, 3), "base": (768, 12, 12), "large": (1024, 24, 16),
+         "huge": (1280, 32, 16)}
+
+
+class VitTilesParams(WorkloadParams):
+    batch_size: int = Field(1, ge=1, description="tiles per rank per step")
+    size: Literal["tiny", "base", "large", "huge"] = "base"
+    tile: int = Field(256, ge=32, description="square tile side in pixels, a multiple of patch")
+    bands: int = Field(6, ge=1, description="spectral bands (HLS has 6)")
+    patch: int = Field(16, ge=2)
+    num_classes: int = Field(2, ge=2, description="per-pixel classes")
+    decoder_channels: int = Field(256, ge=8)
+    mode: Literal["inference", "train"] = "inference"
+    lr: float = Field(1e-4, gt=0)
+
+    @model_validator(mode="after")
+    def _tile(self) -> VitTilesParams:
+        if self.tile % self.patch:
+            raise ValueError(f"tile {self.tile} is not a multiple of patch {self.patch}")
+        steps = (self.patch & (self.patch - 1)) == 0
+        if not steps:
+            raise ValueError(f"patch {self.patch} must be a power of two for the decoder")
+        return self
+
+
+class TileViT(nn.Module):
+    def __init__(self, p: VitTilesParams):
+        super().__init__()
+        dim, depth, heads = SIZES[p.size]
+        self.grid = p.tile // p.patch
+        self.embed = nn.Conv2d(p.bands, dim, kernel_size=p.patch, stride=p.patch)
+        self.pos = nn.Parameter(torch.zeros(1, self.grid * self.grid, dim))
+        nn.init.trunc_normal_(self.pos, std=0.02)
+        layer = nn.TransformerEncoderLayer(dim, heads, 4 * dim, dropout=0.0, activation="gelu",
+                                           batch_first=True, norm_first=True)
+        self.encoder = nn.TransformerEncoder(layer, depth, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(dim)
+        self.decoder = build_decoder(dim, p.decoder_channels, p.num_classes, p.patch)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens = self.embed(x).flatten(2).transpose(1, 2) + self.pos
+        tokens = self.norm(self.encoder(tokens))
+        b, n, d = tokens.shape
+        feat = tokens.transpose(1, 2).reshape(b, d, self.grid, self.grid)
+        return self.decoder(feat)
+
+
+def build_decoder(dim: int, channels: int, classes: int, patch: int) -> nn.Sequential:
+    """x2 transposed convolutions from the patch grid back to pixels, then a 1x1 head."""
+    layers: list[nn.Module] = [nn.Conv2d(dim, channels, 1)]
+    c = channels
+    for _ in range(patch.bit_length() - 1):
+        nxt = max(c // 2, 16)
+        layers += [nn.ConvTranspose2d(c, nxt, 2, stride=2), nn.BatchNorm2d(nxt), nn.GELU()]
+        c = nxt
+    layers.append(nn.Conv2d(c, classes, 1))
+    return nn.Sequential(*layers)
+
+
+@register
+class VitTiles(Workload):
+    name = "vit_tiles"
+    Params = VitTilesParams
+    params: VitTilesParams
+
+    def setup(self) -> None:
+        p, ctx = self.params, self.ctx
+        torch.manual_seed(p.seed)
+        self._model = TileViT(p)
+        training = p.mode == "train"
+        self._model.train(training)
+        self.net = ctx.prepare_model(self._model)
+        g = torch.Generator().manual_seed(p.seed)
+        x = torch.randn(p.batch_size, p.bands, p.tile, p.tile, generator=g)
+        y = torch.randint(0, p.num_classes, (p.batch_size, p.tile, p.tile), generator=g)
+        self._batch = (ctx.prepare_images(x), y.to(ctx.device))
+        if training:
+            self.opt = torch.optim.AdamW(self.net.parameters(), lr=p.lr)
+            self.scaler = ctx.grad_scaler()
+            self.loss_fn = nn.CrossEntropyLoss()
+
+    @classmethod
+    def measure_defaults(cls, params: WorkloadParams) -> dict[str, Any]:
+        # What tile benchmarks conventionally use: training steps cost ~3x and settle sooner.
+        if params.mode == "train":
+            return {"warmup_steps": 5, "measure_steps": 20}
+        return {"warmup_steps": 10, "measure_steps": 50}
+
+    def batches(self) -> Iterator[Any]:
+        while True:
+            yield self._batch
+
+    def to_device(self, batch: Any) -> Any:
+        return batch
+
+    def step(self, batch: Any) -> torch.Tensor | None:
+        images, labels = batch
+        ctx = self.ctx
+        if self.params.mode == "inference":
+            with torch.no_grad(), ctx.autocast(), ctx.phase("forward"):
+                self.net(images)
+            return None
+        self.opt.zero_grad(set_to_none=True)
+        with ctx.phase("forward"), ctx.autocast():
+            loss = self.loss_fn(self.net(images), labels)
+        with ctx.phase("backward"):
+            (self.scaler.scale(loss) if self.scaler else loss).backward()
+        with ctx.phase("optimizer"):
+            if self.scaler:
+                self.scaler.step(self.opt)
+                self.scaler.update()
+            else:
+                self.opt.step()
+        return loss.detach()
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self._model
+
+    def describe(self) -> dict[str, Any]:
+        p = self.params
+        return {"input_shape": [p.bands, p.tile, p.tile], "pixels_per_sample": p.tile * p.tile}

@@ -1,0 +1,90 @@
+"""The ViT tile workload in-process: both modes, phase timings, pixel metrics, OOM as a row."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from raybench.bench import main as bench_main
+from raybench.bench import run_local
+from raybench.grid import expand
+from raybench.spec import load_sweep
+from raybench.workloads.vit_tiles import SIZES, TileViT, VitTilesParams
+
+TILES = """
+name: tiles
+system: {label: test-cpu}
+workload: {name: vit_tiles, size: tiny, tile: 64, batch_size: 2}
+hardware: {num_gpus: 0, cpu_workers: 1}
+measure: {warmup_steps: 1, measure_steps: 3}
+"""
+
+
+def trial(write_sweep, *overrides):
+    (t,) = expand(load_sweep(write_sweep(TILES), list(overrides)))
+    return t
+
+
+def test_model_shapes_and_sizes():
+    p = VitTilesParams(size="tiny", tile=64, bands=6, num_classes=3)
+    out = TileViT(p)(torch.randn(2, 6, 64, 64))
+    assert out.shape == (2, 3, 64, 64)
+    n = sum(x.numel() for x in TileViT(VitTilesParams(size="base", tile=224)).parameters())
+    assert 85e6 < n < 100e6  # a ViT-B encoder plus the light decoder: Prithvi-100M's class
+    assert set(SIZES) == {"tiny", "base", "large", "huge"}
+
+
+def test_tile_must_be_multiple_of_patch(write_sweep):
+    from raybench.spec import SpecError
+
+    with pytest.raises(SpecError, match=r"workload=.*tile 70 is not a multiple of patch 16"):
+        load_sweep(write_sweep(TILES), ["workload.tile=70"])
+
+
+def test_inference_mode_metrics(write_sweep):
+    out = run_local(trial(write_sweep))
+    assert out["status"] == "ok", out.get("error")
+    m = out["metrics"]
+    assert m["train/forward_mean_ms"] > 0 and "train/backward_mean_ms" not in m
+    assert m["train/pixels_per_s"] == pytest.approx(m["train/samples_per_s"] * 64 * 64)
+    assert m["train/pixels_per_s_per_mb"] == pytest.approx(
+        m["train/pixels_per_s"] / m["host/rss_peak_mb"])
+    assert m["train/loss_final"] is None
+
+
+def test_train_mode_times_each_phase(write_sweep):
+    out = run_local(trial(write_sweep, "workload.mode=train"))
+    assert out["status"] == "ok", out.get("error")
+    m = out["metrics"]
+    for phase in ("forward", "backward", "optimizer"):
+        assert m[f"train/{phase}_mean_ms"] > 0
+    parts = m["train/forward_mean_ms"] + m["train/backward_mean_ms"] + m["train/optimizer_mean_ms"]
+    assert parts <= m["train/compute_time_mean_ms"] * 1.001
+    assert len(out["records"][0]["phase_s"]["forward"]) == 3  # warmup excluded
+
+
+def test_real_allocation_failure_is_an_oom_row_and_the_sweep_goes_on(write_sweep, tmp_path,
+                                                                      capsys):
+    import pandas as pd
+
+    # 20 million 64 px tiles of 6 bands in float32 are ~2 TB: the CPU allocator refuses them.
+    path = write_sweep(TILES + "grid: {batch_size: [1, 20000000, 2]}\n", name="oom.yaml")
+    code = bench_main(["run", str(path), "--output", str(tmp_path / "run")])
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["raybench"]
+    assert code == 3
+    assert summary["status_counts"] == {"ok": 2, "oom": 1}
+    df = pd.read_parquet(tmp_path / "run" / "results.parquet")
+    assert list(df["status"]) == ["ok", "oom", "ok"]
+    assert "allocate" in df["error"][1]
+
+
+def test_measure_defaults_follow_the_mode(write_sweep):
+    path = write_sweep(TILES.replace("measure: {warmup_steps: 1, measure_steps: 3}\n", "")
+                       + "grid: {mode: [inference, train]}\n", name="modes.yaml")
+    inf, train = expand(load_sweep(path))
+    assert (inf.measure.warmup_steps, inf.measure.measure_steps) == (10, 50)
+    assert (train.measure.warmup_steps, train.measure.measure_steps) == (5, 20)
+    explicit = expand(load_sweep(path, ["measure.measure_steps=30"]))
+    assert [t.measure.measure_steps for t in explicit] == [30, 30]
