@@ -34,6 +34,7 @@ from raybench.results import (
     now,
     write_run_files,
 )
+from raybench.search import search_all
 from raybench.worker import run_worker
 
 log = logging.getLogger("raybench.bench")
@@ -87,11 +88,19 @@ def main(argv: list[str] | None = None) -> int:
     write_run_files(out, spec, {"mode": "in-process, no Ray"})
     history = History(history_root(spec, args.output))
     writer = RowWriter(spec, out.name, ResultsTable(out), history)
-    for trial in trials:
+
+    def run_and_write(trial: TrialSpec) -> dict[str, Any]:
         start = now()
         outcome = run_local(trial)
         outcome.update(start_time=start, end_time=now())
         writer.write(trial, outcome)
+        return outcome
+
+    if spec.search and spec.search.largest_batch:
+        search_all(spec.search.largest_batch, trials, run_and_write, writer)
+    else:
+        for trial in trials:
+            run_and_write(trial)
     return cli.finish(writer.summary(out, time.monotonic() - t0))
 
 

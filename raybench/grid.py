@@ -100,6 +100,11 @@ def expand(spec: SweepSpec) -> list[TrialSpec]:
                             "fields but the sweep has no workload", "add a workload: section")
         return []
     axes = [(resolve_key(key, spec), values) for key, values in trial_axes]
+    searching = spec.search is not None and spec.search.largest_batch is not None
+    if searching and any(k == "workload.batch_size" for k, _ in axes):
+        raise SpecError(spec.source, "grid.batch_size", dict(axes)["workload.batch_size"],
+                        "search.largest_batch chooses the batch size itself",
+                        "remove batch_size from the grid")
     _check_axis_values(spec, axes)
     trials = []
     for combo in itertools.product(*(values for _, values in axes)):

@@ -137,7 +137,9 @@ class RowWriter:
                  history: History | None = None):
         self.spec, self.run_id, self.table, self.history = spec, run_id, table, history
         self.done: dict[str, str] = {}
+        self.outcomes: dict[str, dict[str, Any]] = {}
         self.stages: list[dict[str, Any]] = []
+        self.searches: list[dict[str, Any]] = []
 
     def write(self, trial: TrialSpec, outcome: dict[str, Any]) -> None:
         stamp = now()
@@ -152,6 +154,7 @@ class RowWriter:
         })
         self._append(row)
         self.done[trial.key] = outcome["status"]
+        self.outcomes[trial.key] = outcome
         thr = outcome["metrics"].get("train/samples_per_s")
         log.info("trial %d %s: %s%s", trial.index, trial.key, outcome["status"],
                  f", {thr:.1f} samples/s" if thr else f" ({(outcome.get('error') or '')[:200]})")
@@ -170,6 +173,26 @@ class RowWriter:
                             "chips_per_s": outcome["metrics"].get("preprocess/chips_per_s"),
                             "cached": outcome["metrics"].get("preprocess/cached")})
 
+    def write_search(self, group: TrialSpec, result: dict[str, Any], start: str) -> None:
+        """The answer of a largest-batch search as a `stage=search` row (probes are trials)."""
+        config = {k: v for k, v in group.config().items() if k != "workload.batch_size"}
+        found = result["largest_batch"] > 0
+        row = {
+            "sweep": self.spec.name, "run_id": self.run_id, "stage": "search",
+            "trial_index": None, "trial_key": group.key, "system": self.spec.system.label,
+            "start_time": start, "end_time": now(), "status": "ok" if found else "error",
+            "error": None if found else "not even batch size 1 fits", **config,
+            "search/largest_batch": result["largest_batch"],
+            "search/first_failing_batch": result["first_failing_batch"],
+            "search/probes": len(result["probes"]),
+            "search/memory_budget_mb": result["memory_budget_mb"],
+        }
+        self._append(row)
+        self.searches.append({"config": group.overrides, **result,
+                              "probes": {str(k): v for k, v in result["probes"].items()}})
+        log.info("largest batch for %s: %d (probes %s)", group.overrides or group.key,
+                 result["largest_batch"], result["probes"])
+
     def _append(self, row: dict[str, Any]) -> None:
         self.table.append(row)
         if self.history is not None:
@@ -178,6 +201,9 @@ class RowWriter:
     def summary(self, out: Path, elapsed_s: float) -> dict[str, Any]:
         statuses = list(self.done.values())
         stages_failed = sum(s["status"] != "ok" for s in self.stages)
+        if self.searches:  # a probe that does not fit is how a search ends, not a failure
+            statuses = [s for s in statuses if s == "ok"]
+            stages_failed += sum(s["largest_batch"] == 0 for s in self.searches)
         ok = [r for r in self.table.rows if r["status"] == "ok" and r["stage"] == "benchmark"]
         best = max(ok, key=lambda r: r["train/samples_per_s"], default=None)
         return {
@@ -189,6 +215,7 @@ class RowWriter:
             "best": None if best is None else {
                 "trial_key": best["trial_key"], "samples_per_s": best["train/samples_per_s"]},
             "preprocess": self.stages,
+            **({"largest_batch": self.searches} if self.searches else {}),
             "elapsed_s": round(elapsed_s, 1),
         }
 

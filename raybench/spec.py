@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from raybench import workloads
 from raybench.data.stage import PreprocessSpec
+from raybench.search import SearchSpec
 from raybench.workloads import WorkloadParams
 
 Precision = Literal["fp32", "amp_fp16", "bf16"]
@@ -57,6 +58,8 @@ class HardwareSpec(Strict):
     channels_last: bool = False
     dataloader_workers: int = Field(2, ge=0)
     compile: bool = False
+    memory_budget_mb: float | None = Field(
+        None, gt=0, description="enforced on GPU; on CPU compared with the measured peak")
 
     @property
     def world_size(self) -> int:
@@ -113,6 +116,7 @@ class SweepSpec(Strict):
     execution: ExecutionSpec = ExecutionSpec()
     output: OutputSpec = OutputSpec()
     preprocess: PreprocessSpec | None = None
+    search: SearchSpec | None = None
     source: str = "<memory>"
 
     def to_yaml_dict(self) -> dict[str, Any]:
@@ -128,6 +132,7 @@ class SweepSpec(Strict):
             "execution": self.execution.model_dump(),
             "output": self.output.model_dump(),
             **({"preprocess": self.preprocess.model_dump(mode="json")} if self.preprocess else {}),
+            **({"search": self.search.model_dump(mode="json")} if self.search else {}),
         }
 
 
@@ -139,7 +144,7 @@ OPTIONAL_SECTIONS: dict[str, type[Strict]] = {
     "output": OutputSpec,
 }
 TOP_KEYS = ["name", "system", "workload", "hardware", "grid", "measure", "execution", "output",
-            "preprocess"]
+            "preprocess", "search"]
 
 
 def load_sweep(path: str | Path, overrides: list[str] | None = None) -> SweepSpec:
@@ -210,8 +215,11 @@ def validate_sweep(raw: dict[str, Any], source: str = "<memory>") -> SweepSpec:
     preprocess = None
     if raw.get("preprocess") is not None:
         preprocess = build_model(PreprocessSpec, raw["preprocess"], "preprocess", source)
+    search = None
+    if raw.get("search") is not None:
+        search = build_model(SearchSpec, raw["search"], "search", source)
     return SweepSpec(name=name, system=system, workload_name=workload_name, workload=params,
-                     grid=grid, source=source, preprocess=preprocess, **sections)
+                     grid=grid, source=source, preprocess=preprocess, search=search, **sections)
 
 
 def validate_workload(block: Any, source: str) -> tuple[str, WorkloadParams]:

@@ -28,6 +28,7 @@ from raybench.results import (
     now,
     write_run_files,
 )
+from raybench.search import search_all
 from raybench.spec import SweepSpec
 
 log = logging.getLogger("raybench.sweep")
@@ -80,7 +81,14 @@ def run_sweep(spec: SweepSpec, trials: list[TrialSpec], out: Path,
                 writer.write(t, {"status": "infeasible", "error": why, "metrics": {}})
             else:
                 runnable.append(t)
-        if runnable:
+        if runnable and spec.search and spec.search.largest_batch:
+            def probe(t: TrialSpec) -> dict[str, Any]:
+                _tune(spec, [t], out, writer, name=f"probe_{t.index:04d}")
+                return writer.outcomes[t.key]
+
+            search_all(spec.search.largest_batch, runnable, probe, writer)
+            runnable = []  # probes are not grid trials: nothing below is missing
+        elif runnable:
             _tune(spec, runnable, out, writer)
         for t in runnable:  # a trial Tune lost without a result is still a row
             if t.key not in writer.done:
@@ -109,7 +117,8 @@ def _stage(variant: PreprocessSpec, out: Path, writer: RowWriter) -> None:
     writer.write_stage(key, outcome, start)
 
 
-def _tune(spec: SweepSpec, trials: list[TrialSpec], out: Path, writer: RowWriter) -> None:
+def _tune(spec: SweepSpec, trials: list[TrialSpec], out: Path, writer: RowWriter,
+          name: str = "tune") -> None:
     from ray import tune
 
     from raybench.trial import run_trial
@@ -148,7 +157,7 @@ def _tune(spec: SweepSpec, trials: list[TrialSpec], out: Path, writer: RowWriter
         param_space={"trial": tune.grid_search(list(by_index))},
         tune_config=tune.TuneConfig(max_concurrent_trials=1, reuse_actors=False),
         run_config=tune.RunConfig(
-            name="tune", storage_path=str(storage), verbose=0, callbacks=[Writer()],
+            name=name, storage_path=str(storage), verbose=0, callbacks=[Writer()],
             failure_config=tune.FailureConfig(max_failures=0),
         ),
     )

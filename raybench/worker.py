@@ -20,7 +20,7 @@ import torch
 from raybench import workloads
 from raybench.context import WorkerContext
 from raybench.grid import TrialSpec
-from raybench.memory import peak_rss_mb
+from raybench.memory import peak_rss_mb, reset_peak_rss
 
 
 def run_worker(trial: TrialSpec, ctx: WorkerContext) -> list[dict[str, Any]] | None:
@@ -38,6 +38,12 @@ def measure_rank(trial: TrialSpec, ctx: WorkerContext) -> dict[str, Any]:
         torch.cuda.set_device(ctx.device)
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(ctx.device)
+    reset_peak_rss()
+    if ctx.is_cuda and trial.hardware.memory_budget_mb:
+        # the budget is a hard cap on GPU: allocations beyond it raise out-of-memory
+        total = torch.cuda.get_device_properties(ctx.device).total_memory / 2**20
+        torch.cuda.set_per_process_memory_fraction(
+            min(1.0, trial.hardware.memory_budget_mb / total), ctx.device)
     workload = workloads.get(trial.workload_name)(trial.workload, ctx)
     t_setup = time.perf_counter()
     workload.setup()

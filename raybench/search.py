@@ -1,0 +1,101 @@
+"""Largest batch that fits: for each grid point (tile, precision, mode, ...) a search over fresh
+trials, doubling the batch until a trial fails or breaks the memory budget, then bisecting.
+
+Owns the `search:` section of a sweep and the search itself, written against a `run(trial) ->
+outcome` callable so the Ray path (sweep.py) and the in-process runner (bench.py) share it.
+Every probe is an ordinary trial row; the answer is one more row with `stage=search`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:  # grid imports spec, which imports this module's models
+    from raybench.grid import TrialSpec
+
+
+class LargestBatchSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    max_batch: int = Field(256, ge=1, description="largest batch size ever tried")
+
+
+class SearchSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    largest_batch: LargestBatchSpec | None = None
+
+
+Outcome = dict[str, Any]
+
+
+def fits(outcome: Outcome, budget_mb: float | None) -> bool:
+    """Ran, and (with a budget) peaked within it: device memory on GPU, process RSS on CPU."""
+    if outcome["status"] != "ok":
+        return False
+    if budget_mb is None:
+        return True
+    m = outcome["metrics"]
+    peak = m.get("mem/peak_allocated_mb") or m.get("host/rss_peak_mb")
+    return peak is not None and peak <= budget_mb
+
+
+def with_batch(trial: TrialSpec, batch: int, index: int) -> TrialSpec:
+    from raybench.grid import trial_key
+
+    workload = trial.workload.model_copy(update={"batch_size": batch})
+    sections = {"workload": workload, "hardware": trial.hardware, "measure": trial.measure}
+    return dataclasses.replace(
+        trial, index=index, workload=workload, key=trial_key(trial.workload_name, sections),
+        overrides={**trial.overrides, "workload.batch_size": batch})
+
+
+def largest_batch(group: TrialSpec, spec: LargestBatchSpec, run: Callable[[TrialSpec], Outcome],
+                  first_index: int) -> dict[str, Any]:
+    """Double from 1, then bisect between the last batch that fit and the first that did not."""
+    budget = group.hardware.memory_budget_mb
+    probes: dict[int, bool] = {}
+
+    def probe(batch: int) -> bool:
+        if batch not in probes:
+            trial = with_batch(group, batch, first_index + len(probes))
+            probes[batch] = fits(run(trial), budget)
+        return probes[batch]
+
+    lo, hi, b = 0, None, 1
+    while b <= spec.max_batch:
+        if not probe(b):
+            hi = b
+            break
+        lo, b = b, b * 2
+    if hi is None:  # everything up to the cap's power of two fit: try the cap itself
+        hi = spec.max_batch + 1
+        if lo < spec.max_batch and probe(spec.max_batch):
+            lo = spec.max_batch
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if probe(mid):
+            lo = mid
+        else:
+            hi = mid
+    return {"largest_batch": lo, "first_failing_batch": hi if hi <= spec.max_batch else None,
+            "probes": dict(sorted(probes.items())), "memory_budget_mb": budget}
+
+
+def search_all(spec: LargestBatchSpec, groups: list[TrialSpec],
+               run: Callable[[TrialSpec], Outcome], writer: Any) -> None:
+    """Search every grid point in turn; `run` executes a probe and records its row."""
+    index = max((g.index for g in groups), default=-1) + 1
+    for group in groups:
+        start = _now()
+        result = largest_batch(group, spec, run, index)
+        index += len(result["probes"])
+        writer.write_search(group, result, start)
+
+
+def _now() -> str:
+    from raybench.results import now
+
+    return now()
