@@ -88,3 +88,27 @@ def test_measure_defaults_follow_the_mode(write_sweep):
     assert (train.measure.warmup_steps, train.measure.measure_steps) == (5, 20)
     explicit = expand(load_sweep(path, ["measure.measure_steps=30"]))
     assert [t.measure.measure_steps for t in explicit] == [30, 30]
+
+
+def test_cpu_tile_sweep_fills_every_column(tmp_path, capsys):
+    import pandas as pd
+
+    from tests.conftest import ROOT
+
+    code = bench_main(["run", str(ROOT / "sweeps" / "tiles_cpu.yaml"), "--output",
+                       str(tmp_path / "run"), "--set", "measure.measure_steps=3"])
+    assert code == 0, capsys.readouterr().err
+    df = pd.read_parquet(tmp_path / "run" / "results.parquet")
+    assert len(df) == 8 and (df["status"] == "ok").all()
+    cuda_only = {"mem/allocated_mb", "mem/reserved_mb", "mem/peak_allocated_mb",
+                 "mem/peak_reserved_mb"}
+    for col in df.columns:
+        if col in cuda_only:
+            assert df[col].isna().all(), col  # empty on CPU
+        elif col.startswith(("train/", "model/", "host/")) and col not in (
+                "train/repeat_cv_pct", "train/loss_final", "train/backward_mean_ms",
+                "train/backward_std_ms", "train/optimizer_mean_ms", "train/optimizer_std_ms"):
+            assert df[col].notna().all(), col
+    train = df[df["workload.mode"] == "train"]
+    assert train["train/backward_mean_ms"].notna().all()
+    assert train["train/loss_final"].notna().all()
