@@ -52,6 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     over.add_argument("sweep", nargs="?", default="sweeps/overhead_cpu.yaml")
     over.add_argument("--set", action="append", default=[], metavar="dotted.key=value")
     over.add_argument("--rounds", type=int, default=3, help="alternating rounds of each side")
+    fwd = sub.add_parser("forward-check",
+                         help="vit_tiles forward time vs torch.utils.benchmark.Timer")
+    fwd.add_argument("sweep")
+    fwd.add_argument("--set", action="append", default=[], metavar="dotted.key=value")
+    fwd.add_argument("--trials", help="comma-separated trial indices (default: all inference)")
     chips = sub.add_parser("chips", help="Ray Data chipping vs the reference's serial chipping")
     chips.add_argument("--data", default="results/chipbench_data",
                        help="scene root (generated there if it has no labels yet)")
@@ -73,6 +78,15 @@ def main(argv: list[str] | None = None) -> int:
     if loaded is None:
         return cli.EXIT_INVALID
     spec, trials = loaded
+    if args.cmd == "forward-check":
+        from raybench.harness import forward_check
+
+        wanted = {int(i) for i in args.trials.split(",")} if args.trials else None
+        for t in trials:
+            chosen = t.index in wanted if wanted else t.workload.mode == "inference"
+            if chosen:
+                print(json.dumps({"raybench_forward_check": forward_check(t)}), flush=True)
+        return 0
     if args.cmd == "overhead":
         from raybench.harness import overhead
 

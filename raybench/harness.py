@@ -119,3 +119,40 @@ def _seconds(start: str, end: str) -> float:
     from datetime import datetime
 
     return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
+
+
+def forward_check(trial: TrialSpec) -> dict[str, Any]:
+    """raybench's forward time for an inference `vit_tiles` trial against
+    `torch.utils.benchmark.Timer` on the same model, input, precision and device."""
+    import torch.utils.benchmark as benchmark
+
+    from raybench.bench import run_local
+    from raybench.context import WorkerContext
+    from raybench.workloads.vit_tiles import VitTiles
+
+    if trial.workload_name != "vit_tiles" or trial.workload.mode != "inference":
+        raise ValueError("forward-check compares inference vit_tiles trials")
+    out = run_local(trial)
+    if out["status"] != "ok":
+        raise RuntimeError(f"trial failed: {out['error']}")
+    hw = trial.hardware
+    device = torch.device("cuda", 0) if hw.use_gpu else torch.device("cpu")
+    ctx = WorkerContext(0, 0, 1, 0, device, hw)
+    workload = VitTiles(trial.workload, ctx)
+    workload.setup()
+    images, _ = workload._batch
+
+    def forward() -> None:
+        with torch.no_grad(), ctx.autocast():
+            workload.net(images)
+
+    for _ in range(trial.measure.warmup_steps):
+        forward()
+    timer = benchmark.Timer(stmt="forward()", globals={"forward": forward},
+                            num_threads=torch.get_num_threads())
+    measured = timer.blocked_autorange(min_run_time=2.0)  # Timer synchronises CUDA itself
+    ours = out["metrics"]["train/forward_mean_ms"]
+    reference = measured.median * 1e3
+    return {"config": trial.overrides, "raybench_forward_ms": ours,
+            "timer_forward_ms": reference, "ratio": ours / reference,
+            "timer_runs": len(measured.times), "device": str(device)}
