@@ -32,6 +32,7 @@ from raybench.results import (
     RowWriter,
     history_root,
     now,
+    write_report,
     write_run_files,
 )
 from raybench.search import search_all
@@ -115,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         for trial in trials:
             run_and_write(trial)
-    return cli.finish(writer.summary(out, time.monotonic() - t0))
+    summary = writer.summary(out, time.monotonic() - t0)
+    return cli.finish({**summary, "report": write_report(out)})
 
 
 def run_local(trial: TrialSpec) -> dict[str, Any]:

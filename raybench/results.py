@@ -96,6 +96,17 @@ class History:
             _atomic(self.root / "history.csv", lambda p: frame.to_csv(p, index=False))
 
 
+def write_report(out: Path) -> str | None:
+    """`report.html` (+ .md/.json) of a finished run; a report that fails never fails a sweep."""
+    try:
+        from raybench import report
+
+        return str(report.write([out], out / "report.html"))
+    except Exception:  # the table is the record; the page is a view of it
+        log.exception("could not write the report for %s", out)
+        return None
+
+
 def write_run_files(out: Path, spec: SweepSpec, cluster: dict[str, Any]) -> None:
     """The resolved spec and the system facts, written before the first trial."""
     from raybench import sysinfo  # imports torch: kept off the dry-run path

@@ -26,6 +26,7 @@ from raybench.results import (
     RowWriter,
     history_root,
     now,
+    write_report,
     write_run_files,
 )
 from raybench.search import search_all
@@ -99,7 +100,8 @@ def run_sweep(spec: SweepSpec, trials: list[TrialSpec], out: Path,
             import ray
 
             ray.shutdown()
-    return writer.summary(out, time.monotonic() - t0)
+    summary = writer.summary(out, time.monotonic() - t0)
+    return {**summary, "report": write_report(out)}
 
 
 def _stage(variant: PreprocessSpec, out: Path, writer: RowWriter) -> None:

@@ -81,6 +81,9 @@ def test_run_files(local_sweep):
     assert len(detail["records"][0]["compute_s"]) == 4
     summary = json.loads(stdout.strip().splitlines()[-1])["raybench"]
     assert summary["trials"] == 4 and summary["ok"] == 4 and summary["failed"] == 0
+    assert summary["report"] == str(out / "report.html")
+    assert "Plotly.newPlot" in (out / "report.html").read_text()
+    assert (out / "benchmark_report.md").exists() and (out / "benchmark_report.json").exists()
 
 
 def test_unsatisfiable_trial_fails_fast_as_a_row(tmp_path):

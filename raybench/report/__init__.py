@@ -1,0 +1,100 @@
+"""Reports: results tables -> one self-contained HTML page, plus Markdown and JSON beside it.
+
+`build(run_dirs)` reads each run directory (results.parquet, system_info.json, trials/*.json),
+`model(...)` turns frames into what the page shows (pure), `figures.all_figures` draws it and
+`page.render` writes the HTML string. `write(run_dirs, out)` is the only function that writes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from raybench.report import figures, page
+from raybench.report.assess import THROUGHPUT, recommend, varied_columns, with_validity
+
+TABLE_COLUMNS = ["valid", "run_id", "stage", "trial_key", "status", THROUGHPUT,
+                 "train/step_time_p50_ms", "train/step_time_p99_ms", "train/step_time_cv_pct",
+                 "train/data_wait_pct", "mem/peak_allocated_mb", "host/rss_peak_mb",
+                 "train/pixels_per_s", "preprocess/chips_per_s", "search/largest_batch"]
+
+
+def load(run_dir: Path) -> dict[str, Any]:
+    run_dir = Path(run_dir)
+    frame = pd.read_parquet(run_dir / "results.parquet")
+    info_path = run_dir / "system_info.json"
+    details = {}
+    for path in sorted((run_dir / "trials").glob("*.json")):
+        d = json.loads(path.read_text())
+        details[d["row"]["trial_key"]] = d
+    return {"dir": str(run_dir), "frame": frame, "details": details,
+            "system": json.loads(info_path.read_text()) if info_path.exists() else {}}
+
+
+def model(runs: list[dict[str, Any]], memory_budget_mb: float | None = None) -> dict[str, Any]:
+    """What the page shows, from loaded runs. Pure."""
+    df = pd.concat([r["frame"] for r in runs], ignore_index=True)
+    judged = with_validity(df)
+    varied = varied_columns(df[df["stage"] == "benchmark"] if "stage" in df else df)
+    columns = [c for c in TABLE_COLUMNS[:5] if c in judged] + varied + \
+        [c for c in TABLE_COLUMNS[5:] if c in judged and judged[c].notna().any()]
+    sweeps = sorted(set(df["sweep"].astype(str))) if "sweep" in df else ["?"]
+    header = []
+    for r in runs:
+        s = r["system"]
+        versions = s.get("versions", {})
+        gpus = ", ".join(g.get("name", "?") for g in s.get("gpus", [])) or "no GPU"
+        res = s.get("cluster", {}).get("resources", {})
+        header.append(
+            f"run {Path(r['dir']).name}: system {_first(r['frame'], 'system')}, host "
+            f"{s.get('host', '?')}, {gpus}, CPU {s.get('cpu', {}).get('model', '?')}; "
+            f"cluster {res.get('CPU', '?')} CPUs / {res.get('GPU', 0)} GPUs; "
+            f"started {_first(r['frame'], 'start_time')}; ray {versions.get('ray')}, "
+            f"torch {versions.get('torch')}, CUDA {s.get('cuda', {}).get('torch_cuda')}")
+    return {
+        "title": " vs ".join(sweeps) if len(runs) > 1 else sweeps[0],
+        "header": header, "columns": columns,
+        "rows": judged[columns + ["validity_reasons"]].to_dict("records"),
+        "recommendations": recommend(df, memory_budget_mb),
+        "frame": df,
+        "details": {k: v for r in runs for k, v in r["details"].items()},
+    }
+
+
+def build(run_dirs: list[Path], memory_budget_mb: float | None = None) -> tuple[str, dict]:
+    m = model([load(d) for d in run_dirs], memory_budget_mb)
+    return page.render(m, figures.all_figures(m["frame"], m["details"])), m
+
+
+def write(run_dirs: list[Path], out: Path, memory_budget_mb: float | None = None) -> Path:
+    """report.html plus benchmark_report.md and benchmark_report.json beside it."""
+    text, m = build(run_dirs, memory_budget_mb)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text, encoding="utf-8")
+    summary = {"title": m["title"], "header": m["header"],
+               "recommendations": m["recommendations"], "trials": m["rows"]}
+    (out.parent / "benchmark_report.json").write_text(json.dumps(summary, indent=1, default=str))
+    (out.parent / "benchmark_report.md").write_text(markdown(m))
+    return out
+
+
+def markdown(m: dict[str, Any]) -> str:
+    lines = [f"# {m['title']}", "", *[f"- {h}" for h in m["header"]], "", "## Recommendations", ""]
+    for key, pick in m["recommendations"].items():
+        if isinstance(pick, dict):
+            lines.append(f"- {key}: {pick['label']}: {pick['samples_per_s']:.1f} samples/s")
+    lines += ["", "## Trials", "", "| " + " | ".join(m["columns"]) + " |",
+              "|" + " --- |" * len(m["columns"])]
+    for r in m["rows"]:
+        cells = [f"{v:.4g}" if isinstance(v, float) else str(v) for v in
+                 (r.get(c) for c in m["columns"])]
+        lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _first(df: pd.DataFrame, col: str) -> str:
+    return str(df[col].iloc[0]) if col in df and len(df) else "?"

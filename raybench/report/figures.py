@@ -1,0 +1,186 @@
+"""Figures of a report: results frames in, plotly figures out (None where a figure does not
+apply to the data, e.g. scaling with a single GPU count). Pure: no files, no globals.
+
+Owns which quantity goes on which axis and how series are grouped: throughput vs batch per
+worker count and precision, scaling efficiency against the ideal line, memory vs batch and tile,
+memory vs throughput with the Pareto frontier, step-time distributions per trial and per rank,
+and the preprocess stage.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from raybench.report.assess import THROUGHPUT, config_label, peak_memory_mb, varied_columns
+
+BATCH = "workload.batch_size"
+WORLD = "train/world_size"
+PRECISION = "hardware.precision"
+
+
+def _ok(df: pd.DataFrame) -> pd.DataFrame:
+    if "stage" in df:
+        df = df[df["stage"] == "benchmark"]
+    return df[df["status"] == "ok"] if "status" in df else df
+
+
+def _series_key(row: dict[str, Any], keys: list[str]) -> str:
+    return ", ".join(f"{k.split('/')[-1].split('.')[-1]}={row[k]}" for k in keys if k in row)
+
+
+def throughput_vs_batch(df: pd.DataFrame) -> go.Figure | None:
+    ok = _ok(df)
+    if ok.empty or BATCH not in ok or ok[BATCH].nunique() < 2:
+        return None
+    keys = [k for k in ("run_id", WORLD, PRECISION, "workload.tile", "workload.mode")
+            if k in ok and ok[k].nunique() > 1]
+    fig = go.Figure()
+    for name, part in ok.groupby(keys, dropna=False) if keys else [("all", ok)]:
+        part = part.groupby(BATCH, as_index=False)[THROUGHPUT].max().sort_values(BATCH)
+        label = _series_key(dict(zip(keys, name if isinstance(name, tuple) else (name,),
+                                     strict=False)), keys) or "all trials"
+        fig.add_trace(go.Scatter(x=part[BATCH], y=part[THROUGHPUT], mode="lines+markers",
+                                 name=label))
+    fig.update_layout(title="Throughput vs batch size (per rank)", xaxis_type="log",
+                      xaxis_title="batch size per rank", yaxis_title="samples/s (all ranks)")
+    return fig
+
+
+def scaling_efficiency(df: pd.DataFrame) -> go.Figure | None:
+    """Throughput at n ranks over n x throughput at 1 rank, for otherwise equal configs."""
+    ok = _ok(df)
+    if ok.empty or WORLD not in ok or ok[WORLD].nunique() < 2 or (ok[WORLD] == 1).sum() == 0:
+        return None
+    others = [c for c in varied_columns(ok)
+              if c not in ("hardware.num_gpus", "hardware.cpu_workers")]
+    fig = go.Figure()
+    ns = sorted(ok[WORLD].unique())
+    fig.add_trace(go.Scatter(x=ns, y=[100.0] * len(ns), mode="lines", name="ideal",
+                             line={"dash": "dash", "color": "grey"}))
+    groups = ok.groupby(others, dropna=False) if others else [("all", ok)]
+    for name, part in groups:
+        base = part[part[WORLD] == 1][THROUGHPUT]
+        if base.empty:
+            continue
+        per_n = part.groupby(WORLD)[THROUGHPUT].max()
+        eff = 100.0 * per_n / (per_n.index * base.max())
+        label = _series_key(dict(zip(others, name if isinstance(name, tuple) else (name,),
+                                     strict=False)), others) or "all trials"
+        fig.add_trace(go.Scatter(x=list(eff.index), y=list(eff.values), mode="lines+markers",
+                                 name=label))
+    fig.update_layout(title="Scaling efficiency vs ranks (100% = ideal)", xaxis_title="ranks",
+                      yaxis_title="efficiency %")
+    return fig
+
+
+def memory_vs_batch(df: pd.DataFrame) -> go.Figure | None:
+    ok = _ok(df)
+    if ok.empty or BATCH not in ok:
+        return None
+    cols = [c for c in ("mem/peak_allocated_mb", "mem/peak_reserved_mb", "mem/allocated_mb",
+                        "host/rss_peak_mb") if c in ok and ok[c].notna().any()]
+    if not cols:
+        return None
+    tile = "workload.tile" if "workload.tile" in ok and ok["workload.tile"].nunique() > 1 else None
+    fig = go.Figure()
+    for col in cols:
+        for t, part in ok.groupby(tile) if tile else [(None, ok)]:
+            part = part.groupby(BATCH, as_index=False)[col].max().sort_values(BATCH)
+            name = col.split("/")[1] + (f", tile={t}" if tile else "")
+            fig.add_trace(go.Scatter(x=part[BATCH], y=part[col], mode="lines+markers", name=name))
+    fig.update_layout(title="Memory vs batch size" + (" and tile" if tile else ""),
+                      xaxis_title="batch size per rank", yaxis_title="MB")
+    return fig
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[int]:
+    """Indices of points not dominated in (lower memory, higher throughput), by memory."""
+    order = sorted(range(len(points)), key=lambda i: (points[i][0], -points[i][1]))
+    front, best = [], float("-inf")
+    for i in order:
+        if points[i][1] > best:
+            front.append(i)
+            best = points[i][1]
+    return front
+
+
+def memory_vs_throughput(df: pd.DataFrame) -> go.Figure | None:
+    rows = [r for r in _ok(df).to_dict("records") if peak_memory_mb(r) is not None]
+    if len(rows) < 2:
+        return None
+    varied = varied_columns(_ok(df))
+    pts = [(peak_memory_mb(r), r[THROUGHPUT]) for r in rows]
+    labels = [config_label(r, varied) for r in rows]
+    front = pareto_front(pts)
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="markers",
+                             name="trials", text=labels, hovertemplate="%{text}<br>%{x:.0f} MB, "
+                             "%{y:.1f} samples/s<extra></extra>"))
+    fig.add_trace(go.Scatter(x=[pts[i][0] for i in front], y=[pts[i][1] for i in front],
+                             mode="lines+markers", name="Pareto frontier",
+                             text=[labels[i] for i in front], line={"color": "crimson"}))
+    fig.update_layout(title="Peak memory vs throughput", xaxis_title="peak memory MB",
+                      yaxis_title="samples/s")
+    return fig
+
+
+def step_time_distributions(details: dict[str, dict[str, Any]], df: pd.DataFrame
+                            ) -> go.Figure | None:
+    """Box per trial of every measured step (all ranks pooled) from the trial JSON files."""
+    if not details:
+        return None
+    varied = varied_columns(_ok(df))
+    rows = {r["trial_key"]: r for r in _ok(df).to_dict("records")}
+    fig = go.Figure()
+    for key, d in details.items():
+        steps = [(w + c) * 1e3 for rec in d.get("records", [])
+                 for w, c in zip(rec["wait_s"], rec["compute_s"], strict=True)]
+        if steps and key in rows:
+            fig.add_trace(go.Box(y=steps, name=config_label(rows[key], varied), boxmean=True))
+    if not fig.data:
+        return None
+    fig.update_layout(title="Step time per trial (all ranks)", yaxis_title="ms", showlegend=False)
+    return fig
+
+
+def rank_skew(details: dict[str, dict[str, Any]]) -> go.Figure | None:
+    """Mean step time per rank for multi-rank trials: a slow node or GPU stands out."""
+    fig = go.Figure()
+    for key, d in details.items():
+        ranks = d.get("ranks", [])
+        if len(ranks) > 1:
+            fig.add_trace(go.Bar(x=[f"rank {r['rank']} ({r['hostname']})" for r in ranks],
+                                 y=[r["step_time_mean_ms"] for r in ranks], name=key))
+    if not fig.data:
+        return None
+    fig.update_layout(title="Mean step time per rank", yaxis_title="ms", barmode="group")
+    return fig
+
+
+def preprocess_stage(df: pd.DataFrame) -> go.Figure | None:
+    if "stage" not in df:
+        return None
+    pre = df[(df["stage"] == "preprocess") & (df["status"] == "ok")]
+    rate = "preprocess/chips_per_s"
+    if pre.empty or rate not in pre or pre[rate].isna().all():
+        return None
+    cpus = pre["preprocess.cpus"] if "preprocess.cpus" in pre else [None] * len(pre)
+    x = [f"cpus={'all' if c is None or c != c else int(c)}" for c in cpus]
+    fig = go.Figure(go.Bar(x=x, y=pre["preprocess/chips_per_s"], name="chips/s",
+                           text=[f"{v:.0f} MB peak" for v in pre["preprocess/peak_rss_mb_worker"]]))
+    fig.update_layout(title="Preprocessing: chips/s", yaxis_title="chips/s")
+    return fig
+
+
+def all_figures(df: pd.DataFrame, details: dict[str, dict[str, Any]]
+                ) -> list[tuple[str, go.Figure]]:
+    candidates = [
+        ("throughput", throughput_vs_batch(df)), ("scaling", scaling_efficiency(df)),
+        ("memory", memory_vs_batch(df)), ("pareto", memory_vs_throughput(df)),
+        ("steps", step_time_distributions(details, df)), ("ranks", rank_skew(details)),
+        ("preprocess", preprocess_stage(df)),
+    ]
+    return [(name, fig) for name, fig in candidates if fig is not None]

@@ -1,0 +1,98 @@
+"""Report logic as pure functions: validity, recommendations, Pareto, figures, escaping."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from raybench.report import figures, model, page
+from raybench.report.assess import recommend, validity
+
+
+def row(key, batch, world, thr, mem=None, rss=1000.0, status="ok", cv=2.0, steps=50, **kw):
+    return {"sweep": "s", "run_id": "r1", "stage": "benchmark", "trial_key": key,
+            "status": status, "error": None if status == "ok" else "boom",
+            "workload.batch_size": batch, "train/world_size": world, "hardware.num_gpus": world,
+            "hardware.precision": kw.get("precision", "bf16"), "train/samples_per_s": thr,
+            "mem/peak_allocated_mb": mem, "host/rss_peak_mb": rss,
+            "train/step_time_cv_pct": cv, "train/measured_steps": steps, "system": "x",
+            "start_time": "2026-11-22T00:00:00"}
+
+
+FRAME = pd.DataFrame([
+    row("a", 16, 1, 100.0, mem=4000), row("b", 32, 1, 180.0, mem=7000),
+    row("c", 16, 2, 190.0, mem=4000), row("d", 32, 2, 340.0, mem=7000),
+    row("e", 64, 2, 0.0, status="oom"), row("f", 64, 1, 400.0, mem=9000, cv=25.0),
+])
+
+
+def test_validity_reasons():
+    assert validity(row("a", 1, 1, 1.0)) == []
+    assert validity(row("a", 1, 1, 1.0, status="oom")) == ["out of memory"]
+    assert "CV 25.0% > 10%" in validity(row("a", 1, 1, 1.0, cv=25.0))[0]
+    assert "only 4 measured steps" in validity(row("a", 1, 1, 1.0, steps=4))[0]
+    assert "throttled" in validity({**row("a", 1, 1, 1.0), "gpu/throttled": True})[0]
+
+
+def test_recommendations_skip_invalid_and_respect_budget():
+    rec = recommend(FRAME, memory_budget_mb=5000)
+    assert rec["fastest"]["trial_key"] == "d"  # "f" is faster but its CV makes it invalid
+    assert rec["fastest_within_budget"]["trial_key"] == "c"
+    assert rec["best_accuracy_per_s"] is None
+    scored = FRAME.assign(**{"det/map50": [0.5, 0.4, 0.5, 0.2, None, 0.9]})
+    assert recommend(scored)["best_accuracy_per_s"]["trial_key"] == "c"  # 0.5 x 190
+
+
+def test_pareto_front():
+    pts = [(1.0, 10.0), (2.0, 5.0), (2.0, 20.0), (3.0, 15.0), (4.0, 30.0)]
+    assert figures.pareto_front(pts) == [0, 2, 4]
+
+
+def test_scaling_efficiency_against_one_rank():
+    fig = figures.scaling_efficiency(FRAME)
+    series = {t.name: dict(zip(t.x, t.y, strict=True)) for t in fig.data}
+    assert series["ideal"] == {1: 100.0, 2: 100.0}
+    assert series["batch_size=16"][2] == pytest.approx(95.0)  # 190 / (2 x 100)
+    assert series["batch_size=32"][2] == pytest.approx(340 / 360 * 100)
+
+
+def test_figures_absent_where_they_do_not_apply():
+    single = FRAME[FRAME["train/world_size"] == 1]
+    assert figures.scaling_efficiency(single) is None
+    assert figures.throughput_vs_batch(FRAME.iloc[:1]) is None
+    assert figures.preprocess_stage(FRAME) is None
+    assert figures.step_time_distributions({}, FRAME) is None
+
+
+def test_throughput_series_by_ranks():
+    fig = figures.throughput_vs_batch(FRAME)
+    names = sorted(t.name for t in fig.data)
+    assert names == ["world_size=1", "world_size=2"]
+
+
+def test_html_escapes_user_text():
+    evil = "<script>alert(1)</script>"
+    frame = FRAME.assign(sweep=evil)
+    m = model([{"dir": "/tmp/run", "frame": frame, "details": {}, "system": {}}])
+    text = page.render(m, figures.all_figures(m["frame"], m["details"]))
+    assert evil not in text
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in text
+    # figure JSON never closes the script element it sits in
+    tail = text.split("</script>", 1)[1]  # past the embedded plotly.js
+    assert "alert(1)</script>" not in tail
+
+
+def test_markdown_and_json_outputs(tmp_path):
+    from raybench.report import write
+
+    run = tmp_path / "run"
+    run.mkdir()
+    FRAME.to_parquet(run / "results.parquet")
+    out = write([run], run / "report.html", memory_budget_mb=5000)
+    assert out.read_text().count("Plotly.newPlot") >= 3
+    summary = json.loads((run / "benchmark_report.json").read_text())
+    assert summary["recommendations"]["fastest_within_budget"]["trial_key"] == "c"
+    md = (run / "benchmark_report.md").read_text()
+    assert md.startswith("# s") and "| valid |" in md
