@@ -101,7 +101,7 @@ def write_report(out: Path) -> str | None:
     try:
         from raybench import report
 
-        return str(report.write([out], out / "report.html"))
+        return str(report.write([out], out / "report.html", report.budget_of(out)))
     except Exception:  # the table is the record; the page is a view of it
         log.exception("could not write the report for %s", out)
         return None

@@ -96,5 +96,18 @@ def markdown(m: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def budget_of(run_dir: Path) -> float | None:
+    """The memory budget a run's sweep implies: its explicit budget, else the GPU's memory."""
+    import yaml
+
+    path = Path(run_dir) / "sweep.yaml"
+    if not path.exists():
+        return None
+    spec = yaml.safe_load(path.read_text()) or {}
+    explicit = (spec.get("hardware") or {}).get("memory_budget_mb")
+    gpu_gb = (spec.get("system") or {}).get("gpu_memory_gb")
+    return explicit or (gpu_gb * 1024 if gpu_gb else None)
+
+
 def _first(df: pd.DataFrame, col: str) -> str:
     return str(df[col].iloc[0]) if col in df and len(df) else "?"

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from raybench.report import write
+from raybench.report import budget_of, write
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,7 +23,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = Path(args.output) if args.output else Path(args.runs[0]) / (
         "report.html" if len(args.runs) == 1 else "comparison.html")
-    print(write([Path(r) for r in args.runs], out, args.memory_budget_mb))
+    budget = args.memory_budget_mb or budget_of(Path(args.runs[0]))
+    print(write([Path(r) for r in args.runs], out, budget))
     return 0
 
 

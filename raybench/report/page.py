@@ -70,15 +70,19 @@ def _figure(div_id: str, fig: go.Figure) -> str:
 def _recommendations(rec: dict[str, Any]) -> str:
     e = html.escape
     out = []
+    budget = rec.get("memory_budget_mb")
     titles = {"fastest": "Maximum throughput",
-              "fastest_within_budget": "Maximum throughput within "
-              f"{rec.get('memory_budget_mb') or '-'} MB",
+              "fastest_within_budget": f"Maximum throughput within {budget:.0f} MB"
+              if budget else "Maximum throughput within a memory budget",
               "best_accuracy_per_s": "Best accuracy per second"}
     for key, title in titles.items():
         pick = rec.get(key)
         if pick is None:
-            text = "no valid trial qualifies" if key != "best_accuracy_per_s" or rec.get(
-                "fastest") is None else "this workload reports no accuracy"
+            text = "no valid trial qualifies"
+            if key == "fastest_within_budget" and not budget:
+                text = "no budget: set the system's gpu_memory_gb or --memory-budget-mb"
+            elif key == "best_accuracy_per_s" and rec.get("fastest") is not None:
+                text = "this workload reports no accuracy"
         else:
             mem = pick.get("peak_memory_mb")
             text = (f"{pick['label']}: {pick['samples_per_s']:.1f} samples/s"
