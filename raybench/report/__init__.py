@@ -8,13 +8,20 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from raybench.report import figures, page
-from raybench.report.assess import THROUGHPUT, recommend, varied_columns, with_validity
+from raybench.report.assess import (
+    THROUGHPUT,
+    recommend,
+    regressions,
+    varied_columns,
+    with_validity,
+)
 
 TABLE_COLUMNS = ["valid", "run_id", "stage", "trial_key", "status", THROUGHPUT,
                  "train/step_time_p50_ms", "train/step_time_p99_ms", "train/step_time_cv_pct",
@@ -94,6 +101,45 @@ def markdown(m: dict[str, Any]) -> str:
                  (r.get(c) for c in m["columns"])]
         lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def write_history(history: Path, out: Path, threshold_pct: float = 5.0) -> Path:
+    """A metric over time per configuration from history.parquet, regressions flagged."""
+    hist = pd.read_parquet(history)
+    flagged = regressions(hist, threshold_pct)
+    cols = ["sweep", "trial_key", "run_id", "recorded_at", "code_version", THROUGHPUT,
+            "drop_pct", "limit_pct"]
+    m = {"title": "raybench history", "table_title": "Regressions beyond the measured noise",
+         "header": [f"{history}: {len(hist)} rows, {hist['run_id'].nunique()} runs; "
+                    f"threshold {threshold_pct:g}% or twice the run's step-time CV%"],
+         "columns": cols if not flagged.empty else ["sweep"],
+         "rows": flagged[cols].to_dict("records") if not flagged.empty else []}
+    fig = figures.history(hist, flagged)
+    out.write_text(page.render(m, [("history", fig)] if fig else []), encoding="utf-8")
+    return out
+
+
+def write_index(root: Path, out: Path | None = None) -> Path:
+    """`index.html` listing every run under a results root, with links and headline figures."""
+    root = Path(root)
+    out = out or root / "index.html"
+    rows = []
+    for results in sorted(root.rglob("results.parquet")):
+        run = results.parent
+        df = pd.read_parquet(results)
+        ok = df[df["status"] == "ok"]
+        best = ok[THROUGHPUT].max() if THROUGHPUT in ok and not ok.empty else None
+        report_html = run / "report.html"
+        rows.append({
+            "sweep": _first(df, "sweep"), "run": str(run.relative_to(root)),
+            "system": _first(df, "system"), "started": _first(df, "start_time"),
+            "rows": len(df), "ok": len(ok), "best samples/s": best,
+            "report": os.path.relpath(report_html, out.parent) if report_html.exists() else None,
+        })
+    m = {"title": f"raybench runs under {root}", "table_title": "Runs", "header": [
+        f"{len(rows)} runs"], "columns": list(rows[0]) if rows else ["sweep"], "rows": rows}
+    out.write_text(page.render(m, []), encoding="utf-8")
+    return out
 
 
 def budget_of(run_dir: Path) -> float | None:

@@ -106,3 +106,23 @@ def _pick(row: dict[str, Any], varied: list[str]) -> dict[str, Any]:
 
 def _num(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool) and v == v
+
+
+def regressions(hist: pd.DataFrame, threshold_pct: float = 5.0) -> pd.DataFrame:
+    """Rows of the history whose throughput fell below the median of the earlier runs of the
+    same configuration by more than the threshold, widened to twice the measured CV% where
+    the run was noisier than that (noise is not a regression)."""
+    ok = hist[(hist["status"] == "ok") & hist[THROUGHPUT].notna()]
+    if "stage" in ok:
+        ok = ok[ok["stage"] == "benchmark"]
+    flagged = []
+    for _, part in ok.sort_values("recorded_at").groupby("trial_key"):
+        values = part[THROUGHPUT].tolist()
+        for i in range(1, len(values)):
+            base = float(pd.Series(values[:i]).median())
+            cv = part["train/step_time_cv_pct"].iloc[i] if "train/step_time_cv_pct" in part else 0
+            limit = max(threshold_pct, 2 * float(cv) if cv == cv and cv is not None else 0.0)
+            drop = 100.0 * (base - values[i]) / base if base > 0 else 0.0
+            if drop > limit:
+                flagged.append({**part.iloc[i].to_dict(), "drop_pct": drop, "limit_pct": limit})
+    return pd.DataFrame(flagged)

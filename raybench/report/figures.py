@@ -181,6 +181,41 @@ def all_figures(df: pd.DataFrame, details: dict[str, dict[str, Any]]
         ("throughput", throughput_vs_batch(df)), ("scaling", scaling_efficiency(df)),
         ("memory", memory_vs_batch(df)), ("pareto", memory_vs_throughput(df)),
         ("steps", step_time_distributions(details, df)), ("ranks", rank_skew(details)),
-        ("preprocess", preprocess_stage(df)),
+        ("preprocess", preprocess_stage(df)), ("comparison", comparison_per_rank(df)),
     ]
     return [(name, fig) for name, fig in candidates if fig is not None]
+
+
+def comparison_per_rank(df: pd.DataFrame) -> go.Figure | None:
+    """Several runs side by side, normalised per rank (per GPU on GPU runs)."""
+    ok = _ok(df)
+    if ok.empty or "run_id" not in ok or ok["run_id"].nunique() < 2:
+        return None
+    per_rank = "train/samples_per_s_per_worker"
+    varied = [c for c in varied_columns(ok) if not c.startswith("measure.")]
+    fig = go.Figure()
+    for run_id, part in ok.groupby("run_id"):
+        system = part["system"].iloc[0] if "system" in part else ""
+        labels = [config_label(r, varied) for r in part.to_dict("records")]
+        fig.add_trace(go.Bar(x=labels, y=part[per_rank], name=f"{run_id} ({system})"))
+    fig.update_layout(title="Runs compared: samples/s per rank", barmode="group",
+                      yaxis_title="samples/s per rank (per GPU)")
+    return fig
+
+
+def history(hist: pd.DataFrame, flagged: pd.DataFrame, metric: str = THROUGHPUT
+            ) -> go.Figure | None:
+    """A metric over time per configuration (trial key), regressions marked."""
+    ok = _ok(hist)
+    if ok.empty or metric not in ok:
+        return None
+    fig = go.Figure()
+    for key, part in ok.sort_values("recorded_at").groupby("trial_key"):
+        fig.add_trace(go.Scatter(x=part["recorded_at"], y=part[metric], mode="lines+markers",
+                                 name=f"{part['sweep'].iloc[0]} {key}"))
+    if not flagged.empty:
+        fig.add_trace(go.Scatter(x=flagged["recorded_at"], y=flagged[metric], mode="markers",
+                                 name="regression", marker={"symbol": "x", "size": 14,
+                                                            "color": "crimson"}))
+    fig.update_layout(title=f"History: {metric}", xaxis_title="recorded at", yaxis_title=metric)
+    return fig

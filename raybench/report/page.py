@@ -52,8 +52,10 @@ def render(model: dict[str, Any], figures: list[tuple[str, go.Figure]]) -> str:
         f"<script type='text/javascript'>{get_plotlyjs()}</script></head><body>",
         f"<h1>{e(model['title'])}</h1>",
         "".join(f"<div class='meta'>{e(line)}</div>" for line in model["header"]),
-        "<h2>Recommendations</h2>", _recommendations(model["recommendations"]),
-        "<h2>Trials</h2>", _table(model["columns"], model["rows"]),
+        *(["<h2>Recommendations</h2>", _recommendations(model["recommendations"])]
+          if model.get("recommendations") else []),
+        f"<h2>{e(model.get('table_title', 'Trials'))}</h2>",
+        _table(model["columns"], model["rows"]),
     ]
     for i, (name, fig) in enumerate(figures):
         parts.append(_figure(f"fig-{i}-{name}", fig))
@@ -99,7 +101,9 @@ def _table(columns: list[str], rows: list[dict[str, Any]]) -> str:
         cells = []
         for c in columns:
             v = r.get(c)
-            if c == "valid":
+            if c == "report" and v:  # the index links each run's page
+                cells.append(f"<td data-v='{e(str(v))}'><a href='{e(str(v))}'>open</a></td>")
+            elif c == "valid":
                 cls, label = ("valid", "valid") if v else ("invalid", "invalid")
                 why = e(str(r.get("validity_reasons") or ""))
                 cells.append(f"<td data-v='{int(bool(v))}' title='{why}'>"

@@ -96,3 +96,48 @@ def test_markdown_and_json_outputs(tmp_path):
     assert summary["recommendations"]["fastest_within_budget"]["trial_key"] == "c"
     md = (run / "benchmark_report.md").read_text()
     assert md.startswith("# s") and "| valid |" in md
+
+
+def history_frame(values, cvs=None):
+    cvs = cvs or [1.0] * len(values)
+    return pd.DataFrame([
+        {**row("k", 16, 1, v), "run_id": f"w{i}", "recorded_at": f"2026-11-{10 + i:02d}T00:00",
+         "train/step_time_cv_pct": cv, "code_version": "abc"}
+        for i, (v, cv) in enumerate(zip(values, cvs, strict=True))])
+
+
+def test_regressions_beyond_noise():
+    from raybench.report.assess import regressions
+
+    flagged = regressions(history_frame([100.0, 101.0, 99.0, 90.0]))
+    assert list(flagged["run_id"]) == ["w3"]
+    assert flagged["drop_pct"].iloc[0] == pytest.approx(10.0)
+    assert regressions(history_frame([100.0, 97.0])).empty  # within 5%
+    # a noisy run (CV 8%) needs a drop beyond 16% to count
+    assert regressions(history_frame([100.0, 100.0, 88.0], cvs=[1, 1, 8])).empty
+
+
+def test_comparison_normalises_per_rank():
+    two = pd.concat([FRAME.assign(**{"train/samples_per_s_per_worker": FRAME["train/samples_per_s"]
+                                     / FRAME["train/world_size"]}),
+                     FRAME.assign(run_id="r2", system="y", **{
+                         "train/samples_per_s_per_worker": 1.0})], ignore_index=True)
+    fig = figures.comparison_per_rank(two)
+    assert [t.name for t in fig.data] == ["r1 (x)", "r2 (y)"]
+    assert figures.comparison_per_rank(FRAME) is None
+
+
+def test_index_and_history_pages(tmp_path):
+    from raybench.report import write, write_history, write_index
+
+    for name in ("a", "b"):
+        run = tmp_path / "sweep" / name
+        run.mkdir(parents=True)
+        FRAME.assign(run_id=name).to_parquet(run / "results.parquet")
+        write([run], run / "report.html")
+    index = write_index(tmp_path).read_text()
+    assert index.count("<a href='sweep/") == 2
+    assert "data-v='400.0'" in index  # best samples/s of each run
+    history_frame([100.0, 101.0, 80.0]).to_parquet(tmp_path / "history.parquet")
+    hist = write_history(tmp_path / "history.parquet", tmp_path / "history.html").read_text()
+    assert "regression" in hist and "w2" in hist
