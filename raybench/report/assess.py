@@ -16,6 +16,8 @@ import pandas as pd
 CV_LIMIT_PCT = 10.0  # step-time CV above this: the window was too noisy to trust
 MIN_STEPS = 10  # fewer measured steps than this give unstable percentiles
 THROUGHPUT = "train/samples_per_s"
+# accuracy metrics workloads report, best first; the first present one is used
+ACCURACY_KEYS = ("xview3/aggregate", "eval/accuracy", "det/map50")
 
 
 @dataclass(frozen=True)
@@ -75,8 +77,7 @@ def recommend(df: pd.DataFrame, memory_budget_mb: float | None = None) -> dict[s
         if fitting:
             out["fastest_within_budget"] = _pick(max(fitting, key=lambda r: r[THROUGHPUT]),
                                                  varied)
-    acc_key = next((k for k in ("xview3/aggregate", "eval/accuracy", "det/map50")
-                    if any(_num(r.get(k)) for r in rows)), None)
+    acc_key = next((k for k in ACCURACY_KEYS if any(_num(r.get(k)) for r in rows)), None)
     if acc_key:
         scored = [r for r in rows if _num(r.get(acc_key))]
         best = max(scored, key=lambda r: r[acc_key] * r[THROUGHPUT])

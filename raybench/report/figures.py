@@ -14,7 +14,13 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
-from raybench.report.assess import THROUGHPUT, config_label, peak_memory_mb, varied_columns
+from raybench.report.assess import (
+    ACCURACY_KEYS,
+    THROUGHPUT,
+    config_label,
+    peak_memory_mb,
+    varied_columns,
+)
 
 BATCH = "workload.batch_size"
 WORLD = "train/world_size"
@@ -160,6 +166,22 @@ def rank_skew(details: dict[str, dict[str, Any]]) -> go.Figure | None:
     return fig
 
 
+def accuracy_vs_throughput(df: pd.DataFrame) -> go.Figure | None:
+    """Where the workload reports accuracy: what each configuration buys and costs."""
+    ok = _ok(df)
+    key = next((k for k in ACCURACY_KEYS if k in ok and ok[k].notna().any()), None)
+    if key is None:
+        return None
+    part = ok[ok[key].notna()]
+    varied = varied_columns(ok)
+    fig = go.Figure(go.Scatter(
+        x=part[THROUGHPUT], y=part[key], mode="markers",
+        text=[config_label(r, varied) for r in part.to_dict("records")],
+        hovertemplate="%{text}<br>%{x:.1f} samples/s, %{y:.3f}<extra></extra>"))
+    fig.update_layout(title=f"{key} vs throughput", xaxis_title="samples/s", yaxis_title=key)
+    return fig
+
+
 def preprocess_stage(df: pd.DataFrame) -> go.Figure | None:
     if "stage" not in df:
         return None
@@ -181,7 +203,8 @@ def all_figures(df: pd.DataFrame, details: dict[str, dict[str, Any]]
         ("throughput", throughput_vs_batch(df)), ("scaling", scaling_efficiency(df)),
         ("memory", memory_vs_batch(df)), ("pareto", memory_vs_throughput(df)),
         ("steps", step_time_distributions(details, df)), ("ranks", rank_skew(details)),
-        ("preprocess", preprocess_stage(df)), ("comparison", comparison_per_rank(df)),
+        ("accuracy", accuracy_vs_throughput(df)), ("preprocess", preprocess_stage(df)),
+        ("comparison", comparison_per_rank(df)),
     ]
     return [(name, fig) for name, fig in candidates if fig is not None]
 

@@ -141,3 +141,11 @@ def test_index_and_history_pages(tmp_path):
     history_frame([100.0, 101.0, 80.0]).to_parquet(tmp_path / "history.parquet")
     hist = write_history(tmp_path / "history.parquet", tmp_path / "history.html").read_text()
     assert "regression" in hist and "w2" in hist
+
+
+def test_accuracy_chart_only_with_accuracy():
+    assert figures.accuracy_vs_throughput(FRAME) is None
+    scored = FRAME.assign(**{"det/map50": [0.5, 0.4, 0.5, 0.2, None, 0.9]})
+    fig = figures.accuracy_vs_throughput(scored)
+    assert fig.layout.title.text == "det/map50 vs throughput"
+    assert len(fig.data[0].x) == 5  # the OOM trial has no accuracy and is not drawn
