@@ -78,7 +78,7 @@ def scaling_efficiency(df: pd.DataFrame) -> go.Figure | None:
         fig.add_trace(go.Scatter(x=list(eff.index), y=list(eff.values), mode="lines+markers",
                                  name=label))
     fig.update_layout(title="Scaling efficiency vs ranks (100% = ideal)", xaxis_title="ranks",
-                      yaxis_title="efficiency %")
+                      yaxis_title="efficiency %", xaxis_dtick=1)
     return fig
 
 
