@@ -12,7 +12,10 @@ from typing import Any
 
 import numpy as np
 
+from raybench.flops import mfu
+
 PERCENTILES = (50, 90, 95, 99)
+INPUT_BOUND_PCT = 20.0  # waiting for data beyond this share of step time: the input is the limit
 
 
 def outcome(records: list[dict[str, Any]] | None) -> dict[str, Any]:
@@ -66,6 +69,13 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         ms = np.concatenate([np.asarray(r["phase_s"].get(name, [])) * 1e3 for r in records])
         out[f"train/{name}_mean_ms"] = float(ms.mean())
         out[f"train/{name}_std_ms"] = float(ms.std(ddof=1)) if ms.size > 1 else 0.0
+    out["train/input_bound"] = out["train/data_wait_pct"] > INPUT_BOUND_PCT
+    achieved, util = mfu(first.get("flops_per_sample"), out["train/samples_per_s_per_worker"],
+                         first.get("device_name"), first.get("precision", "fp32"))
+    out["perf/gflops_per_sample"] = (first["flops_per_sample"] / 1e9
+                                     if first.get("flops_per_sample") else None)
+    out["perf/achieved_tflops_per_gpu"] = achieved  # per rank; on CPU ranks too
+    out["perf/mfu_pct"] = 100.0 * util if util is not None else None
     pixels = first.get("describe", {}).get("pixels_per_sample")
     if pixels:
         out["train/pixels_per_s"] = out["train/samples_per_s"] * pixels

@@ -9,6 +9,7 @@ statistics (metrics.py). Ray-free, so it runs in-process on a GPU machine withou
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import socket
@@ -19,8 +20,11 @@ import torch
 
 from raybench import workloads
 from raybench.context import WorkerContext
+from raybench.flops import flops_per_sample
 from raybench.grid import TrialSpec
 from raybench.memory import peak_rss_mb, reset_peak_rss
+
+log = logging.getLogger(__name__)
 
 
 def run_worker(trial: TrialSpec, ctx: WorkerContext) -> list[dict[str, Any]] | None:
@@ -69,6 +73,7 @@ def measure_rank(trial: TrialSpec, ctx: WorkerContext) -> dict[str, Any]:
         windows_s.append(time.perf_counter() - start)
 
     model = workload.model
+    flops = _flops(workload) if ctx.rank == 0 else None
     n_params = sum(p.numel() for p in model.parameters())
     size_b = sum(p.numel() * p.element_size() for p in model.parameters())
     size_b += sum(b.numel() * b.element_size() for b in model.buffers())
@@ -93,6 +98,8 @@ def measure_rank(trial: TrialSpec, ctx: WorkerContext) -> dict[str, Any]:
         "model_size_mb": size_b / 2**20,
         **_memory(ctx),
         "describe": workload.describe(),
+        "precision": trial.hardware.precision,
+        "flops_per_sample": flops,
     }
 
 
@@ -104,6 +111,18 @@ def _timed_step(workload: workloads.Workload, batches: Any, ctx: WorkerContext):
     loss = workload.step(batch)
     ctx.synchronize()
     return t1 - t0, time.perf_counter() - t1, loss
+
+
+def _flops(workload: workloads.Workload) -> float | None:
+    """FLOPs per sample for MFU, counted once on the meta device; None if it cannot be."""
+    shape = workload.describe().get("input_shape")
+    if not shape:
+        return None
+    try:
+        return flops_per_sample(workload.model, torch.zeros(1, *shape), workload.trains)
+    except Exception as e:  # an op the counter cannot trace: MFU stays unknown, not wrong
+        log.info("FLOP count unavailable (%s: %s)", type(e).__name__, e)
+        return None
 
 
 def _steps_for_window(seconds: float, warm: list, ctx: WorkerContext) -> int:

@@ -69,6 +69,11 @@ class Workload(ABC):
         """Warmup and window for this workload where the sweep sets none (see MeasureSpec)."""
         return {}
 
+    @property
+    def trains(self) -> bool:
+        """Whether a step runs backward too (FLOPs are counted accordingly)."""
+        return True
+
     def samples_per_step(self) -> int:
         return self.params.batch_size
 

@@ -140,6 +140,10 @@ class VitTiles(Workload):
     def model(self) -> torch.nn.Module:
         return self._model
 
+    @property
+    def trains(self) -> bool:
+        return self.params.mode == "train"
+
     def describe(self) -> dict[str, Any]:
         p = self.params
         return {"input_shape": [p.bands, p.tile, p.tile], "pixels_per_sample": p.tile * p.tile}

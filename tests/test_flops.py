@@ -1,0 +1,45 @@
+"""FLOP counts against published figures, the peak table and MFU's unknowns."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torchvision
+
+from raybench.flops import flops_per_sample, mfu, peak_tflops
+from raybench.metrics import summarize
+from tests.test_metrics import record
+
+
+def test_resnet50_224_matches_published_count():
+    model = torchvision.models.resnet50()
+    x = torch.zeros(1, 3, 224, 224)
+    forward = flops_per_sample(model, x, train=False)
+    # published "4.1 GFLOPs" are multiply-adds; the counter counts 2 FLOPs per multiply-add
+    assert forward / 2 == pytest.approx(4.1e9, rel=0.02)
+    step = flops_per_sample(model, x, train=True)
+    assert step / forward == pytest.approx(3.0, rel=0.03)  # backward ~ 2x forward
+    assert next(model.parameters()).device.type == "cpu"  # counted on a copy
+
+
+def test_peak_table_and_unknowns():
+    assert peak_tflops("NVIDIA A100-SXM4-80GB", "bf16") == 312.0
+    assert peak_tflops("NVIDIA H100 80GB HBM3", "fp32") == 67.0
+    assert peak_tflops("NVIDIA H100 PCIe", "bf16") == 756.0
+    assert peak_tflops("cpu", "fp32") is None
+    assert peak_tflops(None, "bf16") is None
+    achieved, util = mfu(8e9, 10_000.0, "NVIDIA H100 80GB HBM3", "bf16")
+    assert achieved == pytest.approx(80.0) and util == pytest.approx(80.0 / 989.0)
+    assert mfu(8e9, 10_000.0, "Some Future GPU", "bf16") == (pytest.approx(80.0), None)
+    assert mfu(None, 10.0, "NVIDIA A100", "bf16") == (None, None)
+
+
+def test_metrics_carry_mfu_and_input_bound():
+    r = record(0, 0.1, wait_s=0.03)
+    r.update(flops_per_sample=24e9, device_name="NVIDIA A100-SXM4-40GB", precision="bf16")
+    m = summarize([r])
+    assert m["perf/gflops_per_sample"] == pytest.approx(24.0)
+    assert m["perf/achieved_tflops_per_gpu"] == pytest.approx(24e9 * 320 / 1e12)
+    assert m["perf/mfu_pct"] == pytest.approx(100 * 24e9 * 320 / 1e12 / 312.0)
+    assert m["train/input_bound"] is True  # 30% of the step waiting for data
+    assert summarize([record(0, 0.1)])["perf/mfu_pct"] is None
