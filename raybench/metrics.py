@@ -76,6 +76,7 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
                                      if first.get("flops_per_sample") else None)
     out["perf/achieved_tflops_per_gpu"] = achieved  # per rank; on CPU ranks too
     out["perf/mfu_pct"] = 100.0 * util if util is not None else None
+    out.update(gpu_telemetry(records))
     pixels = first.get("describe", {}).get("pixels_per_sample")
     if pixels:
         out["train/pixels_per_s"] = out["train/samples_per_s"] * pixels
@@ -83,6 +84,32 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         peak = out["mem/peak_allocated_mb"] or out["host/rss_peak_mb"]
         out["train/pixels_per_s_per_mb"] = out["train/pixels_per_s"] / peak if peak else None
     return out
+
+
+def gpu_telemetry(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every rank's GPU figures combined: means of means, maxima, energy summed; empty columns
+    (None) where no rank had telemetry, so CPU rows keep the same schema."""
+    gpus = [r["gpu"] for r in records if r.get("gpu")]
+
+    def pick(key: str, how) -> float | None:
+        vals = [g[key] for g in gpus if g.get(key) is not None]
+        return float(how(vals)) if vals else None
+
+    energy = pick("energy_j", sum)
+    samples = sum(r["samples_per_step"] * len(r["compute_s"]) for r in records)
+    return {
+        "gpu/util_mean_pct": pick("util_mean_pct", statistics.mean),
+        "gpu/util_max_pct": pick("util_max_pct", max),
+        "gpu/power_mean_w": pick("power_mean_w", statistics.mean),
+        "gpu/energy_j": energy,
+        "gpu/energy_per_sample_j": energy / samples if energy and len(gpus) == len(records)
+        else None,
+        "gpu/temp_max_c": pick("temp_max_c", max),
+        "gpu/sm_clock_mean_mhz": pick("sm_clock_mean_mhz", statistics.mean),
+        "gpu/throttled": any(g["throttled"] for g in gpus) if gpus else None,
+        "gpu/throttle_reasons": ",".join(sorted({x for g in gpus for x in
+                                                 g["throttle_reasons"].split(",") if x})) or None,
+    }
 
 
 def per_rank_table(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -23,6 +23,7 @@ from raybench.context import WorkerContext
 from raybench.flops import flops_per_sample
 from raybench.grid import TrialSpec
 from raybench.memory import peak_rss_mb, reset_peak_rss
+from raybench.telemetry import aggregate, open_sampler
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,9 @@ def measure_rank(trial: TrialSpec, ctx: WorkerContext) -> dict[str, Any]:
     compute_s: list[float] = []
     windows_s: list[float] = []
     loss = None
+    sampler = open_sampler(ctx.device.index or 0) if ctx.is_cuda else None
+    if sampler:
+        sampler.start()  # the measured window only: warmup and set-up are not the steady state
     for _ in range(m.repeats):
         ctx.barrier()  # ranks start each window together, so the windows overlap
         start = time.perf_counter()
@@ -71,6 +75,7 @@ def measure_rank(trial: TrialSpec, ctx: WorkerContext) -> dict[str, Any]:
             wait_s.append(w)
             compute_s.append(c)
         windows_s.append(time.perf_counter() - start)
+    telemetry = sampler.stop() if sampler else []
 
     model = workload.model
     flops = _flops(workload) if ctx.rank == 0 else None
@@ -99,6 +104,8 @@ def measure_rank(trial: TrialSpec, ctx: WorkerContext) -> dict[str, Any]:
         **_memory(ctx),
         "describe": workload.describe(),
         "precision": trial.hardware.precision,
+        "telemetry": telemetry,
+        "gpu": aggregate(telemetry, workload.samples_per_step() * len(compute_s)),
         "flops_per_sample": flops,
     }
 

@@ -182,6 +182,34 @@ def accuracy_vs_throughput(df: pd.DataFrame) -> go.Figure | None:
     return fig
 
 
+def gpu_timelines(details: dict[str, dict[str, Any]]) -> go.Figure | None:
+    """GPU utilisation and power over each trial's measured window, per rank (from NVML)."""
+    from plotly.subplots import make_subplots
+
+    traces = []
+    for key, d in details.items():
+        for rec in d.get("records", []):
+            samples = rec.get("telemetry") or []
+            if len(samples) < 2:
+                continue
+            t0 = samples[0]["t"]
+            x = [s["t"] - t0 for s in samples]
+            name = f"{key} rank {rec['rank']}"
+            traces.append((name, x, [s.get("util_pct") for s in samples],
+                           [s.get("power_w") for s in samples]))
+    if not traces:
+        return None
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True,
+                        subplot_titles=("GPU utilisation %", "GPU power W"))
+    for name, x, util, power in traces:
+        fig.add_trace(go.Scatter(x=x, y=util, name=name, legendgroup=name), row=1, col=1)
+        fig.add_trace(go.Scatter(x=x, y=power, name=name, legendgroup=name, showlegend=False),
+                      row=2, col=1)
+    fig.update_layout(title="GPU telemetry over the measured window")
+    fig.update_xaxes(title_text="seconds into the window", row=2, col=1)
+    return fig
+
+
 def preprocess_stage(df: pd.DataFrame) -> go.Figure | None:
     if "stage" not in df:
         return None
@@ -203,6 +231,7 @@ def all_figures(df: pd.DataFrame, details: dict[str, dict[str, Any]]
         ("throughput", throughput_vs_batch(df)), ("scaling", scaling_efficiency(df)),
         ("memory", memory_vs_batch(df)), ("pareto", memory_vs_throughput(df)),
         ("steps", step_time_distributions(details, df)), ("ranks", rank_skew(details)),
+        ("telemetry", gpu_timelines(details)),
         ("accuracy", accuracy_vs_throughput(df)), ("preprocess", preprocess_stage(df)),
         ("comparison", comparison_per_rank(df)),
     ]

@@ -151,3 +151,15 @@ def test_accuracy_chart_only_with_accuracy():
     fig = figures.accuracy_vs_throughput(scored)
     assert fig.layout.title.text == "det/map50 vs throughput"
     assert len(fig.data[0].x) == 5  # the OOM trial has no accuracy and is not drawn
+
+
+def test_gpu_timelines_from_trial_telemetry():
+    from tests.test_telemetry import stream
+
+    assert figures.gpu_timelines({"k": {"records": [{"rank": 0, "telemetry": []}]}}) is None
+    details = {"k": {"records": [{"rank": 0, "telemetry": stream()},
+                                 {"rank": 1, "telemetry": stream(power=200.0)}]}}
+    fig = figures.gpu_timelines(details)
+    assert len(fig.data) == 4  # utilisation and power for each rank
+    assert list(fig.data[1].y)[:2] == [300.0, 300.0]
+    assert fig.data[0].x[0] == 0.0

@@ -1,0 +1,70 @@
+"""The sampler's figures on recorded streams, and the path without NVML (this machine)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from raybench import telemetry
+from raybench.metrics import gpu_telemetry
+from tests.test_metrics import record
+
+
+def stream(n=11, dt=0.1, power=300.0, energy=True, mask=0, util=80):
+    return [{"t": i * dt, "util_pct": util + (i % 2) * 10, "mem_used_mb": 1000.0,
+             "power_w": power, "energy_mj": (1_000_000 + i * dt * power * 1000) if energy
+             else None, "temp_c": 60 + i, "sm_clock_mhz": 1800, "throttle_mask": mask}
+            for i in range(n)]
+
+
+def test_means_and_energy_from_the_counter():
+    g = telemetry.aggregate(stream(), samples_processed=100)
+    assert g["util_mean_pct"] == pytest.approx(80 + 50 / 11)
+    assert g["util_max_pct"] == 90
+    assert g["power_mean_w"] == pytest.approx(300.0)
+    assert g["energy_j"] == pytest.approx(300.0)  # 300 W for 1 s
+    assert g["energy_per_sample_j"] == pytest.approx(3.0)
+    assert g["temp_max_c"] == 70 and g["throttled"] is False
+
+
+def test_energy_integrated_from_power_without_a_counter():
+    samples = stream(energy=False)
+    for i, s in enumerate(samples):
+        s["power_w"] = 100.0 + 100.0 * i  # linear ramp 100 -> 1100 W over 1 s
+    g = telemetry.aggregate(samples, samples_processed=10)
+    assert g["energy_j"] == pytest.approx(600.0)  # trapezoids are exact on a ramp
+
+
+def test_throttle_flags_and_reasons():
+    samples = stream()
+    samples[3]["throttle_mask"] = 0x4 | 0x1  # power cap (and idle, which is not throttling)
+    samples[7]["throttle_mask"] = 0x40
+    g = telemetry.aggregate(samples, 10)
+    assert g["throttled"] is True and g["throttle_reasons"] == "sw_power_cap,hw_thermal"
+    idle_only = stream(mask=0x1)
+    assert telemetry.aggregate(idle_only, 10)["throttled"] is False
+
+
+def test_ranks_combined_in_metrics():
+    a, b = record(0, 0.1), record(1, 0.1)
+    a["gpu"] = telemetry.aggregate(stream(power=300.0), 320)
+    b["gpu"] = telemetry.aggregate(stream(power=200.0, mask=0x8), 320)
+    m = gpu_telemetry([a, b])
+    assert m["gpu/power_mean_w"] == pytest.approx(250.0)
+    assert m["gpu/energy_j"] == pytest.approx(500.0)
+    assert m["gpu/energy_per_sample_j"] == pytest.approx(500.0 / 640)
+    assert m["gpu/throttled"] is True and m["gpu/throttle_reasons"] == "hw_slowdown"
+    assert gpu_telemetry([record(0, 0.1)])["gpu/util_mean_pct"] is None
+
+
+def test_no_nvml_here_gives_none_and_one_log_line(caplog):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU and NVML")
+    telemetry._warned = False
+    with caplog.at_level(logging.INFO, logger="raybench.telemetry"):
+        assert telemetry.open_sampler(0) is None
+        assert telemetry.open_sampler(0) is None
+    lines = [r for r in caplog.records if "GPU telemetry off" in r.message]
+    assert len(lines) == 1
