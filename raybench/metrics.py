@@ -77,6 +77,7 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     out["perf/achieved_tflops_per_gpu"] = achieved  # per rank; on CPU ranks too
     out["perf/mfu_pct"] = 100.0 * util if util is not None else None
     out.update(gpu_telemetry(records))
+    out.update(bandwidth(first.get("describe", {}).get("message_bytes"), records))
     pixels = first.get("describe", {}).get("pixels_per_sample")
     if pixels:
         out["train/pixels_per_s"] = out["train/samples_per_s"] * pixels
@@ -84,6 +85,19 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         peak = out["mem/peak_allocated_mb"] or out["host/rss_peak_mb"]
         out["train/pixels_per_s_per_mb"] = out["train/pixels_per_s"] / peak if peak else None
     return out
+
+
+def bandwidth(message_bytes: int | None, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """nccl-tests' definitions for an all-reduce: algbw = bytes / time per operation, busbw =
+    algbw x 2(n-1)/n. Time is the median compute time of a step over its operations."""
+    if not message_bytes:
+        return {}
+    n = len(records)
+    ops = records[0]["samples_per_step"]
+    step_s = float(np.median(np.concatenate([np.asarray(r["compute_s"]) for r in records])))
+    algbw = message_bytes / (step_s / ops) / 1e9
+    return {"comm/message_mb": message_bytes / 2**20, "comm/time_per_op_us": step_s / ops * 1e6,
+            "comm/algbw_gb_s": algbw, "comm/busbw_gb_s": algbw * 2 * (n - 1) / n}
 
 
 def gpu_telemetry(records: list[dict[str, Any]]) -> dict[str, Any]:

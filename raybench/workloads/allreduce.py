@@ -1,0 +1,61 @@
+"""Interconnect probe: all-reduce over a sweep of message sizes, with nccl-tests' bandwidths.
+
+Owns the step (one all-reduce of a float32 buffer across every rank, through the process
+group: NCCL on GPUs, gloo on CPUs) and the definitions from nccl-tests: algorithm bandwidth =
+bytes / time, bus bandwidth = algorithm bandwidth x 2(n-1)/n, the traffic each link of a ring
+carries, so figures compare across rank counts and against link speeds (NVLink, InfiniBand).
+Message size is a workload parameter, so a sweep's grid gives the size curve.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from pydantic import Field
+
+from raybench.workloads import Workload, WorkloadParams, register
+
+
+class AllreduceParams(WorkloadParams):
+    batch_size: int = Field(1, ge=1, description="all-reduces per step")
+    message_mb: float = Field(64.0, gt=0, description="buffer size in MiB (float32)")
+
+
+@register
+class Allreduce(Workload):
+    name = "allreduce"
+    Params = AllreduceParams
+    params: AllreduceParams
+
+    def setup(self) -> None:
+        n = max(1, int(self.params.message_mb * 2**20 // 4))
+        self.buffer = torch.ones(n, dtype=torch.float32, device=self.ctx.device)
+        self._model = torch.nn.Identity()
+
+    def batches(self) -> Iterator[Any]:
+        while True:
+            yield self.buffer
+
+    def to_device(self, batch: Any) -> Any:
+        return batch
+
+    def step(self, batch: Any) -> torch.Tensor | None:
+        for _ in range(self.params.batch_size):
+            if self.ctx.distributed:
+                dist.all_reduce(batch)
+            batch.div_(max(1, self.ctx.world_size))  # keep values bounded over many steps
+        return None
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self._model
+
+    @property
+    def trains(self) -> bool:
+        return False
+
+    def describe(self) -> dict[str, Any]:
+        return {"message_bytes": self.buffer.numel() * 4}
