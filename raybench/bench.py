@@ -25,7 +25,7 @@ import torch
 from raybench import cli, metrics
 from raybench.context import WorkerContext
 from raybench.failures import failure
-from raybench.grid import TrialSpec
+from raybench.grid import TrialSpec, trace_path
 from raybench.results import (
     History,
     ResultsTable,
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def run_and_write(trial: TrialSpec) -> dict[str, Any]:
         start = now()
-        outcome = run_local(trial)
+        outcome = run_local(trial, str(out / "trials"))
         outcome.update(start_time=start, end_time=now())
         writer.write(trial, outcome)
         return outcome
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     return cli.finish({**summary, "report": write_report(out)})
 
 
-def run_local(trial: TrialSpec) -> dict[str, Any]:
+def run_local(trial: TrialSpec, trace_dir: str | None = None) -> dict[str, Any]:
     """One trial in this process (or spawned ranks); returns the same fields as trial.run_trial."""
     hw = trial.hardware
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -130,14 +130,14 @@ def run_local(trial: TrialSpec) -> dict[str, Any]:
     try:
         if hw.world_size == 1:
             device = torch.device("cuda", 0) if hw.use_gpu else torch.device("cpu")
-            ctx = WorkerContext(0, 0, 1, 0, device, hw)
+            ctx = WorkerContext(0, 0, 1, 0, device, hw, trace_path=trace_path(trace_dir, trial))
             return metrics.outcome(run_worker(trial, ctx))
-        return metrics.outcome(_spawn(trial))
+        return metrics.outcome(_spawn(trial, trace_dir))
     except Exception as e:  # a failed trial is a row here too
         return failure(e, trial.resources())
 
 
-def _spawn(trial: TrialSpec) -> list[dict[str, Any]]:
+def _spawn(trial: TrialSpec, trace_dir: str | None) -> list[dict[str, Any]]:
     """Ranks as local processes over torch.distributed (gloo on CPU, nccl on GPU)."""
     import torch.multiprocessing as mp
 
@@ -146,12 +146,13 @@ def _spawn(trial: TrialSpec) -> list[dict[str, Any]]:
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
         result = Path(tmp) / "records.json"
-        mp.spawn(_rank_main, args=(trial.to_dict(), port, str(result)),
+        mp.spawn(_rank_main, args=(trial.to_dict(), port, str(result), trace_dir),
                  nprocs=trial.hardware.world_size, join=True)
         return json.loads(result.read_text())
 
 
-def _rank_main(rank: int, trial_dict: dict[str, Any], port: int, result: str) -> None:
+def _rank_main(rank: int, trial_dict: dict[str, Any], port: int, result: str,
+               trace_dir: str | None) -> None:
     trial = TrialSpec.from_dict(trial_dict)
     hw = trial.hardware
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -159,7 +160,9 @@ def _rank_main(rank: int, trial_dict: dict[str, Any], port: int, result: str) ->
                                          world_size=hw.world_size)
     try:
         device = torch.device("cuda", rank) if hw.use_gpu else torch.device("cpu")
-        records = run_worker(trial, WorkerContext(rank, rank, hw.world_size, 0, device, hw))
+        ctx = WorkerContext(rank, rank, hw.world_size, 0, device, hw,
+                            trace_path=trace_path(trace_dir, trial))
+        records = run_worker(trial, ctx)
         if rank == 0:
             Path(result).write_text(json.dumps(records))
     finally:

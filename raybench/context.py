@@ -32,6 +32,7 @@ class WorkerContext:
     device: torch.device
     hardware: HardwareSpec
     phase_s: dict[str, list[float]] = field(default_factory=dict)
+    trace_path: str | None = None  # where rank 0 writes its profiler trace, if one is asked
 
     @property
     def distributed(self) -> bool:

@@ -11,6 +11,7 @@ import hashlib
 import itertools
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from raybench import workloads
@@ -202,3 +203,10 @@ def trial_key(workload_name: str, sections: dict[str, Any]) -> str:
                **{s: sections[s].model_dump(mode="json") for s in GRID_SECTIONS}}
     blob = json.dumps(payload, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def trace_path(trace_dir: str | None, trial: TrialSpec) -> str | None:
+    """Where a trial's profiler trace goes, beside its JSON; None when it asks for none."""
+    if not trace_dir or not trial.measure.profile_steps:
+        return None
+    return str(Path(trace_dir) / f"{trial.index:04d}_{trial.key}.trace.json")

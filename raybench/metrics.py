@@ -62,6 +62,9 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         "mem/allocated_mb": _max(records, "allocated_mb"),
         "mem/reserved_mb": _max(records, "reserved_mb"),
         "host/rss_peak_mb": _max(records, "rss_peak_mb"),
+        # 100 = one core busy, per rank process
+        "host/cpu_util_pct": float(np.mean([r["cpu_util_pct"] for r in records]))
+        if all(r.get("cpu_util_pct") is not None for r in records) else None,
         "model/params_m": first["params"] / 1e6,
         "model/size_mb": first["model_size_mb"],
     }

@@ -77,6 +77,8 @@ class MeasureSpec(Strict):
     measure_steps: int | None = Field(None, ge=1)
     measure_seconds: float | None = Field(None, gt=0)
     repeats: int = Field(1, ge=1)
+    profile_steps: int = Field(0, ge=0, description="steps after the windows that rank 0 "
+                               "traces with torch.profiler (0: no trace)")
 
     @model_validator(mode="after")
     def _window(self) -> MeasureSpec:

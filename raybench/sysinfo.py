@@ -10,8 +10,11 @@ from __future__ import annotations
 import logging
 import os
 import platform
+import shutil
 import socket
+import subprocess
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -36,8 +39,20 @@ def collect(cluster: dict[str, Any] | None = None) -> dict[str, Any]:
         "versions": {p: _version(p) for p in PACKAGES},
         "nccl_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("NCCL_")},
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "numa_nodes": len(list(Path("/sys/devices/system/node").glob("node[0-9]*"))) or None,
+        "gpu_topology": _command(["nvidia-smi", "topo", "-m"]),
         "cluster": cluster or {},
     }
+
+
+def _command(cmd: list[str]) -> str | None:
+    """A tool's output where the tool exists (nvidia-smi on GPU nodes), else None."""
+    if shutil.which(cmd[0]) is None:
+        return None
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=20).stdout or None
+    except (OSError, subprocess.SubprocessError):
+        return None
 
 
 def _cpu_model() -> str | None:

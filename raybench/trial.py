@@ -19,7 +19,7 @@ from ray.train.torch import TorchConfig, TorchTrainer
 from raybench import metrics
 from raybench.context import WorkerContext
 from raybench.failures import failure
-from raybench.grid import TrialSpec
+from raybench.grid import TrialSpec, trace_path
 from raybench.worker import run_worker
 
 # Read by the Train controller, which inherits them from this process (ENV_VARS_TO_PROPAGATE).
@@ -40,6 +40,7 @@ def train_loop(config: dict[str, Any]) -> list[dict[str, Any]] | None:
         rank=tctx.get_world_rank(), local_rank=tctx.get_local_rank(),
         world_size=tctx.get_world_size(), node_rank=tctx.get_node_rank(),
         device=ray.train.torch.get_device(), hardware=trial.hardware,
+        trace_path=trace_path(config["trace_dir"], trial),
     )
     return run_worker(trial, ctx)
 
@@ -53,7 +54,8 @@ def run_trial(trial: TrialSpec, storage: Path, start_timeout_s: float) -> dict[s
     res = trial.resources()
     trainer = TorchTrainer(
         train_loop,
-        train_loop_config={"trial": trial.to_dict()},
+        # traces land beside the trial JSONs (on rank 0's node; shared storage is issue 8's)
+        train_loop_config={"trial": trial.to_dict(), "trace_dir": str(storage.parent / "trials")},
         torch_config=TorchConfig(backend="nccl" if hw.use_gpu else "gloo"),
         scaling_config=ray.train.ScalingConfig(
             num_workers=hw.world_size, use_gpu=hw.use_gpu, resources_per_worker=res["per_worker"],

@@ -9,11 +9,13 @@ statistics (metrics.py). Ray-free, so it runs in-process on a GPU machine withou
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import socket
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -67,6 +69,7 @@ def measure_rank(trial: TrialSpec, ctx: WorkerContext) -> dict[str, Any]:
     sampler = open_sampler(ctx.device.index or 0) if ctx.is_cuda else None
     if sampler:
         sampler.start()  # the measured window only: warmup and set-up are not the steady state
+    cpu0, wall0 = _cpu_seconds(), time.perf_counter()
     for _ in range(m.repeats):
         ctx.barrier()  # ranks start each window together, so the windows overlap
         start = time.perf_counter()
@@ -75,7 +78,9 @@ def measure_rank(trial: TrialSpec, ctx: WorkerContext) -> dict[str, Any]:
             wait_s.append(w)
             compute_s.append(c)
         windows_s.append(time.perf_counter() - start)
+    cpu_util = 100.0 * (_cpu_seconds() - cpu0) / (time.perf_counter() - wall0)
     telemetry = sampler.stop() if sampler else []
+    trace = _profile(workload, batches, ctx, m.profile_steps)
 
     model = workload.model
     flops = _flops(workload) if ctx.rank == 0 else None
@@ -104,7 +109,9 @@ def measure_rank(trial: TrialSpec, ctx: WorkerContext) -> dict[str, Any]:
         **_memory(ctx),
         "describe": workload.describe(),
         "precision": trial.hardware.precision,
+        "cpu_util_pct": cpu_util,
         "telemetry": telemetry,
+        "trace": trace,
         "gpu": aggregate(telemetry, workload.samples_per_step() * len(compute_s)),
         "flops_per_sample": flops,
     }
@@ -118,6 +125,34 @@ def _timed_step(workload: workloads.Workload, batches: Any, ctx: WorkerContext):
     loss = workload.step(batch)
     ctx.synchronize()
     return t1 - t0, time.perf_counter() - t1, loss
+
+
+def _cpu_seconds() -> float:
+    """CPU time of this process and its finished children (DataLoader workers count once they
+    exit; live ones are measured by the OS, not here)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def _profile(workload: workloads.Workload, batches: Any, ctx: WorkerContext,
+             steps: int) -> str | None:
+    """Extra steps after the measured windows, traced on rank 0: the trace costs time, so it
+    never overlaps a measurement. Every rank runs them, as DDP steps are collective."""
+    if not steps:
+        return None
+    tracing = ctx.rank == 0 and ctx.trace_path is not None
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if ctx.is_cuda:
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) if tracing else contextlib.nullcontext() \
+            as prof:
+        for _ in range(steps):
+            _timed_step(workload, batches, ctx)
+    if not tracing:
+        return None
+    Path(ctx.trace_path).parent.mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(ctx.trace_path)
+    return ctx.trace_path
 
 
 def _flops(workload: workloads.Workload) -> float | None:

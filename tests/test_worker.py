@@ -31,6 +31,8 @@ def test_record_has_every_field(write_sweep):
     assert r["params"] == sum(p.numel() for p in torch.nn.Module.parameters(
         __import__("torchvision").models.resnet18(num_classes=10)))
     assert r["peak_allocated_mb"] is None and r["rss_peak_mb"] > 0
+    assert 0 < r["cpu_util_pct"] < 100 * 64  # a busy process, at most every core
+    assert r["telemetry"] == [] and r["gpu"] == {}  # no NVML on CPU: empty, not an error
     assert r["loss_final"] > 0
 
 
@@ -128,3 +130,17 @@ def test_imagefolder_data(write_sweep, tmp_path):
     r = measure_rank(trial, cpu_ctx(trial))
     assert len(r["compute_s"]) == 3
     assert r["describe"]["input_shape"] == [3, 32, 32]
+
+
+def test_profiler_trace_written_outside_the_window(write_sweep, tmp_path):
+    import json
+
+    trial = one_trial(write_sweep, "measure.profile_steps=2")
+    out = run_local(trial, str(tmp_path))
+    assert out["status"] == "ok", out.get("error")
+    path = tmp_path / f"{trial.index:04d}_{trial.key}.trace.json"
+    assert out["records"][0]["trace"] == str(path)
+    assert "traceEvents" in json.loads(path.read_text())
+    assert out["metrics"]["train/measured_steps"] == 3  # traced steps are not measured ones
+    plain = run_local(one_trial(write_sweep), str(tmp_path / "none"))
+    assert plain["records"][0]["trace"] is None and not (tmp_path / "none").exists()
