@@ -35,10 +35,10 @@ import pyarrow.parquet as pq
 
 from raybench.data import xview3 as x3
 from raybench.data.chipread import ChipParams, ChipReadError, read_strip, scene_shape
+from raybench.data.labels import chip_labels, read_labels
 from raybench.memory import peak_rss_mb
 
 log = logging.getLogger(__name__)
-REFERENCE_BOX_PX = 10  # the reference's fixed square box around a point label
 CHIPS_PER_READ = 4  # chips read and written together: bounds a task's memory at any scene width
 
 
@@ -230,49 +230,6 @@ def write_index(out: Path, labels: pd.DataFrame, params: ChipParams) -> pd.DataF
     chips.to_parquet(out / "chips.parquet", index=False)
     chip_labels(chips, labels, params).to_parquet(out / "chip_labels.parquet", index=False)
     return chips
-
-
-def chip_labels(chips: pd.DataFrame, labels: pd.DataFrame, params: ChipParams) -> pd.DataFrame:
-    """One row per (label, chip containing it): in-chip position, box and detector class."""
-    if chips.empty or labels.empty:
-        return pd.DataFrame()
-    m = labels.merge(chips[["scene_id", "chip_index", "row_off", "col_off"]], on="scene_id")
-    r = m["detect_scene_row"] - m["row_off"]
-    c = m["detect_scene_column"] - m["col_off"]
-    m = m[(r >= 0) & (r < params.chip_size) & (c >= 0) & (c < params.chip_size)].copy()
-    m["chip_row_px"] = m["detect_scene_row"] - m["row_off"]
-    m["chip_col_px"] = m["detect_scene_column"] - m["col_off"]
-    half = REFERENCE_BOX_PX / 2
-    known = m[["top", "left", "bottom", "right"]].notna().all(axis=1)
-    m["box_top"] = np.where(known, m["top"] - m["row_off"], m["chip_row_px"] - half)
-    m["box_left"] = np.where(known, m["left"] - m["col_off"], m["chip_col_px"] - half)
-    m["box_bottom"] = np.where(known, m["bottom"] - m["row_off"], m["chip_row_px"] + half)
-    m["box_right"] = np.where(known, m["right"] - m["col_off"], m["chip_col_px"] + half)
-    m["label_class"] = np.select(
-        [m["is_vessel"].eq(False).fillna(False), m["is_fishing"].eq(True).fillna(False)],
-        [x3.NON_VESSEL, x3.FISHING], x3.NON_FISHING)
-    return m.drop(columns=["row_off", "col_off"]).reset_index(drop=True)
-
-
-def read_labels(path: Path) -> pd.DataFrame:
-    """A label CSV with the 16 columns; missing columns or bad values are a clear error."""
-    try:
-        df = pd.read_csv(path, dtype={"scene_id": str, "detect_id": str})
-    except (OSError, pd.errors.ParserError) as e:
-        raise ValueError(f"{path}: cannot be read as a label CSV ({e})") from None
-    missing = [c for c in x3.LABEL_COLUMNS if c not in df.columns]
-    if missing:
-        raise ValueError(f"{path}: missing label columns {missing}; a label CSV has "
-                         f"{x3.LABEL_COLUMNS}")
-    for col in ("detect_scene_row", "detect_scene_column"):
-        bad = df[col].isna() | (pd.to_numeric(df[col], errors="coerce") < 0)
-        if bad.any():
-            raise ValueError(f"{path}: column {col} has missing or negative values in rows "
-                             f"{list(df.index[bad][:5] + 2)} (file lines)")
-    for col in ("is_vessel", "is_fishing"):
-        df[col] = df[col].map({True: True, False: False, "True": True, "False": False})
-        df[col] = df[col].astype("boolean")
-    return df
 
 
 def params_tag(params: ChipParams, select: str, background: float, seed: int) -> str:
