@@ -40,8 +40,16 @@ def peak_tflops(gpu_name: str | None, precision: str) -> float | None:
 
 
 def flops_per_sample(model: torch.nn.Module, example: torch.Tensor, train: bool) -> float:
-    """FLOPs of one sample (forward, plus backward when `train`), counted on the meta device."""
-    meta_model = copy.deepcopy(model).to("meta")
+    """FLOPs of one sample (forward, plus backward when `train`), counted on the meta device.
+
+    The copy is made with every parameter and buffer pre-mapped to a meta tensor, so counting
+    never duplicates the weights on the GPU or in host memory (a 600M-parameter ViT would)."""
+    memo: dict[int, torch.Tensor] = {}
+    for p in model.parameters():
+        memo[id(p)] = torch.nn.Parameter(torch.empty_like(p, device="meta"), p.requires_grad)
+    for b in model.buffers():
+        memo[id(b)] = torch.empty_like(b, device="meta")
+    meta_model = copy.deepcopy(model, memo)
     x = example[:1].detach().to("meta")
     counter = FlopCounterMode(display=False)
     with counter:

@@ -165,7 +165,8 @@ class RowWriter:
         })
         self._append(row)
         self.done[trial.key] = outcome["status"]
-        self.outcomes[trial.key] = outcome
+        # what a search needs to judge a probe; raw records stay in the trial JSON only
+        self.outcomes[trial.key] = {"status": outcome["status"], "metrics": outcome["metrics"]}
         thr = outcome["metrics"].get("train/samples_per_s")
         log.info("trial %d %s: %s%s", trial.index, trial.key, outcome["status"],
                  f", {thr:.1f} samples/s" if thr else f" ({(outcome.get('error') or '')[:200]})")

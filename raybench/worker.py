@@ -46,11 +46,13 @@ def measure_rank(trial: TrialSpec, ctx: WorkerContext) -> dict[str, Any]:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(ctx.device)
     reset_peak_rss()
-    if ctx.is_cuda and trial.hardware.memory_budget_mb:
-        # the budget is a hard cap on GPU: allocations beyond it raise out-of-memory
+    if ctx.is_cuda:
+        # the budget is a hard cap on GPU (allocations beyond it raise out-of-memory); set on
+        # every trial, so a budget never outlives its trial in an in-process runner
         total = torch.cuda.get_device_properties(ctx.device).total_memory / 2**20
+        budget = trial.hardware.memory_budget_mb
         torch.cuda.set_per_process_memory_fraction(
-            min(1.0, trial.hardware.memory_budget_mb / total), ctx.device)
+            min(1.0, budget / total) if budget else 1.0, ctx.device)
     workload = workloads.get(trial.workload_name)(trial.workload, ctx)
     t_setup = time.perf_counter()
     workload.setup()
@@ -80,6 +82,7 @@ def measure_rank(trial: TrialSpec, ctx: WorkerContext) -> dict[str, Any]:
         windows_s.append(time.perf_counter() - start)
     cpu_util = 100.0 * (_cpu_seconds() - cpu0) / (time.perf_counter() - wall0)
     telemetry = sampler.stop() if sampler else []
+    memory = _memory(ctx)  # before tracing and FLOP counting, which are not the workload's
     trace = _profile(workload, batches, ctx, m.profile_steps)
 
     model = workload.model
@@ -106,7 +109,7 @@ def measure_rank(trial: TrialSpec, ctx: WorkerContext) -> dict[str, Any]:
         "loss_final": None if loss is None else float(loss.float().item()),
         "params": n_params,
         "model_size_mb": size_b / 2**20,
-        **_memory(ctx),
+        **memory,
         "describe": workload.describe(),
         "precision": trial.hardware.precision,
         "cpu_util_pct": cpu_util,
