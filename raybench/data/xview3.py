@@ -84,10 +84,12 @@ def save_shoreline(path: Path, contours: list[np.ndarray]) -> None:
 def distance_to_shore_px(rows: np.ndarray, cols: np.ndarray,
                          contours: list[np.ndarray]) -> np.ndarray:
     """Euclidean distance in pixels from each (row, col) to the nearest contour point."""
+    from scipy.spatial import cKDTree
+
     points = np.concatenate(contours) if contours else np.empty((0, 2))
     if len(points) == 0:
         return np.full(len(rows), np.inf)
-    out = np.empty(len(rows))
-    for i, (r, c) in enumerate(zip(rows, cols, strict=True)):
-        out[i] = np.sqrt(((points[:, 0] - r) ** 2 + (points[:, 1] - c) ** 2).min())
-    return out
+    if len(rows) == 0:
+        return np.empty(0)
+    dist, _ = cKDTree(points).query(np.column_stack([rows, cols]).astype(np.float64))
+    return np.asarray(dist, dtype=np.float64)
