@@ -180,7 +180,7 @@ def validate_predictions(pred: pd.DataFrame, source: str = "predictions") -> pd.
         out[col] = values.astype(float)
     for col in ("is_vessel", "is_fishing"):
         values = out[col].map({True: True, False: False, "True": True, "False": False,
-                               "true": True, "false": False, 1: True, 0: False})
+                               "true": True, "false": False})  # 1 and 0 hash as True, False
         if values.isna().any():
             raise PredictionsError(f"{source}: column {col} must be True or False on every "
                                    f"line (lines {list(out.index[values.isna()][:5] + 2)})")
