@@ -25,7 +25,7 @@ import torch
 from raybench import cli, metrics
 from raybench.context import WorkerContext
 from raybench.failures import failure
-from raybench.grid import TrialSpec, trace_path
+from raybench.grid import TrialSpec, artifact_dir, trace_path
 from raybench.results import (
     History,
     ResultsTable,
@@ -130,7 +130,8 @@ def run_local(trial: TrialSpec, trace_dir: str | None = None) -> dict[str, Any]:
     try:
         if hw.world_size == 1:
             device = torch.device("cuda", 0) if hw.use_gpu else torch.device("cpu")
-            ctx = WorkerContext(0, 0, 1, 0, device, hw, trace_path=trace_path(trace_dir, trial))
+            ctx = WorkerContext(0, 0, 1, 0, device, hw, trace_path=trace_path(trace_dir, trial),
+                                artifact_dir=artifact_dir(trace_dir, trial))
             return metrics.outcome(run_worker(trial, ctx))
         return metrics.outcome(_spawn(trial, trace_dir))
     except Exception as e:  # a failed trial is a row here too
@@ -161,7 +162,8 @@ def _rank_main(rank: int, trial_dict: dict[str, Any], port: int, result: str,
     try:
         device = torch.device("cuda", rank) if hw.use_gpu else torch.device("cpu")
         ctx = WorkerContext(rank, rank, hw.world_size, 0, device, hw,
-                            trace_path=trace_path(trace_dir, trial))
+                            trace_path=trace_path(trace_dir, trial),
+                            artifact_dir=artifact_dir(trace_dir, trial))
         records = run_worker(trial, ctx)
         if rank == 0:
             Path(result).write_text(json.dumps(records))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -33,6 +33,7 @@ class WorkerContext:
     hardware: HardwareSpec
     phase_s: dict[str, list[float]] = field(default_factory=dict)
     trace_path: str | None = None  # where rank 0 writes its profiler trace, if one is asked
+    artifact_dir: str | None = None  # the trial's own folder for rank 0's files (predictions..)
 
     @property
     def distributed(self) -> bool:
@@ -89,7 +90,8 @@ class WorkerContext:
             images = images.contiguous(memory_format=torch.channels_last)
         return images
 
-    def make_loader(self, dataset: Dataset, batch_size: int, shuffle: bool = True) -> DataLoader:
+    def make_loader(self, dataset: Dataset, batch_size: int, shuffle: bool = True,
+                    collate_fn: Callable | None = None) -> DataLoader:
         """A DataLoader sharded across ranks; `dataloader_workers` is a real sweep axis here."""
         sampler = None
         if self.distributed:
@@ -105,6 +107,7 @@ class WorkerContext:
             drop_last=True,
             persistent_workers=workers > 0,
             prefetch_factor=4 if workers > 0 else None,
+            collate_fn=collate_fn,
         )
 
     def all_reduce_max(self, value: float) -> float:

@@ -192,7 +192,15 @@ def _resolve(spec: SweepSpec, index: int, overrides: dict[str, Any]) -> TrialSpe
 def _with_workload_defaults(spec: SweepSpec, params: WorkloadParams,
                             measure: dict[str, Any]) -> dict[str, Any]:
     """A workload's own window defaults (per mode, say) fill the measure fields left unset."""
-    defaults = workloads.get(spec.workload_name).measure_defaults(params)
+    cls = workloads.get(spec.workload_name)
+    if cls.epoch_based:
+        fixed = [k for k in ("measure_steps", "measure_seconds", "repeats") if k in measure]
+        if fixed:
+            raise SpecError(spec.source, f"measure.{fixed[0]}", measure[fixed[0]],
+                            f"{spec.workload_name} measures whole epochs (workload.epochs), "
+                            "so a step window does not apply",
+                            "remove it; set workload.epochs and measure.warmup_steps instead")
+    defaults = cls.measure_defaults(params)
     if "measure_seconds" in measure:
         defaults.pop("measure_steps", None)
     return {**defaults, **measure}
@@ -210,3 +218,10 @@ def trace_path(trace_dir: str | None, trial: TrialSpec) -> str | None:
     if not trace_dir or not trial.measure.profile_steps:
         return None
     return str(Path(trace_dir) / f"{trial.index:04d}_{trial.key}.trace.json")
+
+
+def artifact_dir(trial_dir: str | None, trial: TrialSpec) -> str | None:
+    """The trial's own folder beside its JSON, for files a workload writes (predictions...)."""
+    if not trial_dir:
+        return None
+    return str(Path(trial_dir) / f"{trial.index:04d}_{trial.key}")

@@ -9,6 +9,7 @@ Exit codes: 0 all trials ok, 3 some trials failed, 2 invalid input or unusable c
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -71,8 +72,8 @@ def run_sweep(spec: SweepSpec, trials: list[TrialSpec], out: Path,
     try:
         write_run_files(out, spec, cluster.describe())
         writer = RowWriter(spec, run_id, ResultsTable(out), history)
-        for variant in stage_variants(spec):
-            _stage(variant, out, writer)
+        outputs = [_stage(variant, out, writer) for variant in stage_variants(spec)]
+        trials = _with_stage_output(trials, outputs)
         runnable = []
         nodes = cluster.nodes()
         for t in trials:
@@ -104,8 +105,22 @@ def run_sweep(spec: SweepSpec, trials: list[TrialSpec], out: Path,
     return {**summary, "report": write_report(out)}
 
 
-def _stage(variant: PreprocessSpec, out: Path, writer: RowWriter) -> None:
-    """Run one preprocess variant; a failure is a row, and the trials still run."""
+def _with_stage_output(trials: list[TrialSpec], outputs: list[str | None]) -> list[TrialSpec]:
+    """A workload that reads chips (a `chips` field left unset) gets the stage's directory.
+    With several stage variants there is no single answer: the workload then cuts its own."""
+    if len(outputs) != 1 or outputs[0] is None:
+        return trials
+    fields = type(trials[0].workload).model_fields if trials else {}
+    if "chips" not in fields:
+        return trials
+    return [t if t.workload.chips else
+            dataclasses.replace(t, workload=t.workload.model_copy(update={"chips": outputs[0]}))
+            for t in trials]
+
+
+def _stage(variant: PreprocessSpec, out: Path, writer: RowWriter) -> str | None:
+    """Run one preprocess variant; a failure is a row, and the trials still run. Returns the
+    chip directory, or None when the stage failed."""
     from raybench.data.stage import run_stage, stage_config, variant_key
 
     start = now()
@@ -117,6 +132,7 @@ def _stage(variant: PreprocessSpec, out: Path, writer: RowWriter) -> None:
         outcome = {"status": "error", "error": f"{type(e).__name__}: {e}", "metrics": {},
                    "config": stage_config(variant)}
     writer.write_stage(key, outcome, start)
+    return outcome.get("output") if outcome["status"] == "ok" else None
 
 
 def _tune(spec: SweepSpec, trials: list[TrialSpec], out: Path, writer: RowWriter,

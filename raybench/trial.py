@@ -19,7 +19,7 @@ from ray.train.torch import TorchConfig, TorchTrainer
 from raybench import metrics
 from raybench.context import WorkerContext
 from raybench.failures import failure
-from raybench.grid import TrialSpec, trace_path
+from raybench.grid import TrialSpec, artifact_dir, trace_path
 from raybench.worker import run_worker
 
 # Read by the Train controller, which inherits them from this process (ENV_VARS_TO_PROPAGATE).
@@ -41,8 +41,18 @@ def train_loop(config: dict[str, Any]) -> list[dict[str, Any]] | None:
         world_size=tctx.get_world_size(), node_rank=tctx.get_node_rank(),
         device=ray.train.torch.get_device(), hardware=trial.hardware,
         trace_path=trace_path(config["trace_dir"], trial),
+        artifact_dir=artifact_dir(config["trace_dir"], trial),
     )
-    return run_worker(trial, ctx)
+    records = run_worker(trial, ctx)
+    if getattr(trial.workload, "save_checkpoints", False):
+        # Every rank reports exactly once (a rank that skipped it would hang the group), after
+        # the timed run; rank 0 hands over the best epoch's weights as a Ray Train checkpoint.
+        folder = Path(ctx.artifact_dir or "") / "checkpoint"
+        keep = ctx.rank == 0 and ctx.artifact_dir is not None and folder.is_dir()
+        ray.train.report({"checkpointed": keep},
+                         checkpoint=ray.train.Checkpoint.from_directory(str(folder)) if keep
+                         else None)
+    return records
 
 
 def run_trial(trial: TrialSpec, storage: Path, start_timeout_s: float) -> dict[str, Any]:
@@ -72,4 +82,7 @@ def run_trial(trial: TrialSpec, storage: Path, start_timeout_s: float) -> dict[s
         result = trainer.fit()
     except Exception as e:  # a failed trial is a row, never a lost sweep
         return failure(e, res)
-    return metrics.outcome(result.return_value)
+    out = metrics.outcome(result.return_value)
+    if result.checkpoint is not None and out["status"] == "ok":
+        out["metrics"]["train/checkpoint"] = result.checkpoint.path
+    return out

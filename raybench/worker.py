@@ -60,26 +60,22 @@ def measure_rank(trial: TrialSpec, ctx: WorkerContext) -> dict[str, Any]:
     setup_s = time.perf_counter() - t_setup
 
     m = trial.measure
-    warm = [_timed_step(workload, batches, ctx) for _ in range(m.warmup_steps)]
-    steps = m.measure_steps or _steps_for_window(m.measure_seconds, warm, ctx)
-
-    ctx.phase_s.clear()  # warmup's phase times are not measurements
-    wait_s: list[float] = []
-    compute_s: list[float] = []
-    windows_s: list[float] = []
-    loss = None
     sampler = open_sampler(ctx.device.index or 0) if ctx.is_cuda else None
-    if sampler:
-        sampler.start()  # the measured window only: warmup and set-up are not the steady state
-    cpu0, wall0 = _cpu_seconds(), time.perf_counter()
-    for _ in range(m.repeats):
-        ctx.barrier()  # ranks start each window together, so the windows overlap
-        start = time.perf_counter()
-        for _ in range(steps):
-            w, c, loss = _timed_step(workload, batches, ctx)
-            wait_s.append(w)
-            compute_s.append(c)
-        windows_s.append(time.perf_counter() - start)
+    if workload.epoch_based:
+        if sampler:
+            sampler.start()  # the whole training run: epochs are the measurement
+        cpu0, wall0 = _cpu_seconds(), time.perf_counter()
+        run = _run_epochs(workload, batches, ctx, m.warmup_steps)
+    else:
+        warm = [_timed_step(workload, batches, ctx) for _ in range(m.warmup_steps)]
+        steps = m.measure_steps or _steps_for_window(m.measure_seconds, warm, ctx)
+        ctx.phase_s.clear()  # warmup's phase times are not measurements
+        if sampler:
+            sampler.start()  # the measured window only: warmup and set-up are not steady state
+        cpu0, wall0 = _cpu_seconds(), time.perf_counter()
+        run = _run_windows(workload, batches, ctx, steps, m.repeats)
+        run["warm"] = warm
+    warm, wait_s, compute_s, loss = run["warm"], run["wait_s"], run["compute_s"], run["loss"]
     cpu_util = 100.0 * (_cpu_seconds() - cpu0) / (time.perf_counter() - wall0)
     telemetry = sampler.stop() if sampler else []
     memory = _memory(ctx)  # before tracing and FLOP counting, which are not the workload's
@@ -98,12 +94,14 @@ def measure_rank(trial: TrialSpec, ctx: WorkerContext) -> dict[str, Any]:
         "pid": os.getpid(),
         "device": str(ctx.device),
         "device_name": torch.cuda.get_device_name(ctx.device) if ctx.is_cuda else "cpu",
-        "steps_per_window": steps,
+        "steps_per_window": run["window_steps"][0],
+        "window_steps": run["window_steps"],
+        "epochs": run.get("epochs"),
         "samples_per_step": workload.samples_per_step(),
         "warmup_s": [w + c for w, c, _ in warm],
         "wait_s": wait_s,
         "compute_s": compute_s,
-        "windows_s": windows_s,
+        "windows_s": run["windows_s"],
         "phase_s": dict(ctx.phase_s),
         "setup_s": setup_s,
         "loss_final": None if loss is None else float(loss.float().item()),
@@ -118,6 +116,55 @@ def measure_rank(trial: TrialSpec, ctx: WorkerContext) -> dict[str, Any]:
         "gpu": aggregate(telemetry, workload.samples_per_step() * len(compute_s)),
         "flops_per_sample": flops,
     }
+
+
+def _run_windows(workload: workloads.Workload, batches: Any, ctx: WorkerContext, steps: int,
+                 repeats: int) -> dict[str, Any]:
+    """`repeats` windows of `steps` timed steps each."""
+    out: dict[str, Any] = {"wait_s": [], "compute_s": [], "windows_s": [], "loss": None,
+                           "window_steps": [steps] * repeats}
+    for _ in range(repeats):
+        ctx.barrier()  # ranks start each window together, so the windows overlap
+        start = time.perf_counter()
+        for _ in range(steps):
+            w, c, out["loss"] = _timed_step(workload, batches, ctx)
+            out["wait_s"].append(w)
+            out["compute_s"].append(c)
+        out["windows_s"].append(time.perf_counter() - start)
+    return out
+
+
+def _run_epochs(workload: workloads.Workload, batches: Any, ctx: WorkerContext,
+                warmup: int) -> dict[str, Any]:
+    """Every epoch of an epoch-based workload: each epoch is one window (the first one without
+    its `warmup` steps, which train but are not measured), then `end_epoch` outside the timing."""
+    epochs = workload.params.epochs
+    steps = workload.epoch_steps()
+    if steps <= warmup:
+        raise ValueError(f"an epoch has {steps} steps per rank, not more than warmup_steps "
+                         f"({warmup}): lower measure.warmup_steps or batch_size, or add data")
+    out: dict[str, Any] = {"wait_s": [], "compute_s": [], "windows_s": [], "loss": None,
+                           "window_steps": [], "warm": [], "epochs": []}
+    for e in range(epochs):
+        ctx.barrier()
+        start = window_start = time.perf_counter()
+        for i in range(steps):
+            w, c, out["loss"] = _timed_step(workload, batches, ctx)
+            if e == 0 and i < warmup:
+                out["warm"].append((w, c, out["loss"]))
+                ctx.phase_s.clear()
+                window_start = time.perf_counter()
+                continue
+            out["wait_s"].append(w)
+            out["compute_s"].append(c)
+        end = time.perf_counter()
+        out["windows_s"].append(end - window_start)
+        out["window_steps"].append(steps - (warmup if e == 0 else 0))
+        scores = workload.end_epoch(e)
+        out["epochs"].append({"epoch": e + 1, "train_s": end - start,
+                              "eval_s": time.perf_counter() - end,
+                              "loss": float(out["loss"].float().item()), **scores})
+    return out
 
 
 def _timed_step(workload: workloads.Workload, batches: Any, ctx: WorkerContext):

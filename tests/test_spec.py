@@ -59,7 +59,7 @@ def test_steps_and_seconds_are_exclusive(write_sweep):
 
 def test_unknown_workload_lists_registered(write_sweep):
     path = write_sweep("name: x\nsystem: {label: a}\nworkload: {name: resnt}\n")
-    with pytest.raises(SpecError, match=r"workload.name='resnt'.*did you mean 'resnet'.*use one of \[.*'resnet'.*'vit_tiles'\]"):
+    with pytest.raises(SpecError, match=r"workload.name='resnt'.*did you mean 'resnet'.*use one of \[.*'resnet'.*'vit_tiles', 'xview3_frcnn'\]"):
         load_sweep(path)
 
 

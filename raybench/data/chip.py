@@ -78,9 +78,11 @@ def _cells_of(label: pd.Series, params: ChipParams, n_r: int, n_c: int) -> list[
 def chip_scenes(scenes: Path, labels_csv: Path, out: Path, params: ChipParams,
                 select: Literal["train", "all"] = "train", background: float = 0.5,
                 seed: int = 0, on_error: Literal["fail", "skip"] = "fail",
-                cpus: int | None = None) -> dict[str, Any]:
-    """Chip every unfinished scene under `scenes` with Ray Data (on at most `cpus` Ray CPUs);
-    returns the stage's figures."""
+                cpus: int | None = None, runner: Literal["ray", "local"] = "ray"
+                ) -> dict[str, Any]:
+    """Chip every unfinished scene under `scenes` with Ray Data (on at most `cpus` Ray CPUs),
+    or in this process with `runner="local"` (the same strip tasks one after another: for the
+    Ray-free runner and for small validation sets); returns the stage's figures."""
 
     params.validate()
     labels = read_labels(labels_csv)
@@ -105,7 +107,10 @@ def chip_scenes(scenes: Path, labels_csv: Path, out: Path, params: ChipParams,
     log.info("chipping: %d strips from %d scenes (%d scenes already done)", len(todo),
              len({t["scene_id"] for t in todo}), len(done))
     t0 = time.perf_counter()
-    results = [json.loads(r["result"]) for r in _run_strips(todo, cpus)] if todo else []
+    if runner == "local":
+        results = [_strip_task(t) for t in todo]
+    else:
+        results = [json.loads(r["result"]) for r in _run_strips(todo, cpus)] if todo else []
     elapsed = time.perf_counter() - t0
     metas = _finish_scenes(out, results, tag, errors, on_error)
     index = write_index(out, labels, params)
@@ -229,6 +234,7 @@ def write_index(out: Path, labels: pd.DataFrame, params: ChipParams) -> pd.DataF
     chips = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
     chips.to_parquet(out / "chips.parquet", index=False)
     chip_labels(chips, labels, params).to_parquet(out / "chip_labels.parquet", index=False)
+    (out / "chip_params.json").write_text(json.dumps(asdict(params)))
     return chips
 
 

@@ -28,6 +28,7 @@ class GenerateSpec(BaseModel):
     scenes: int = Field(4, ge=1)
     size: str = Field("2400x2400", pattern=r"^\d+x\d+$")
     seed: int = 0
+    density: float = Field(0.35, gt=0, le=1000, description="labels per megapixel (real: 0.35)")
 
 
 class PreprocessSpec(BaseModel):
@@ -101,6 +102,24 @@ def run_stage(spec: PreprocessSpec, run_dir: Path) -> dict[str, Any]:
     }
 
 
+def prepare_local(spec: PreprocessSpec, chip: bool = True) -> Path:
+    """The stage's chips cut in this process (no Ray), into the same cache the Ray stage uses;
+    with `chip=False` only the directory, for ranks that wait while another one cuts."""
+    out = Path(spec.out) / _tag(spec)
+    if not chip:
+        return out
+    from raybench.data.chip import chip_scenes
+    from raybench.data.chipread import ChipParams
+
+    _generate_if_missing(spec)
+    params = ChipParams(spec.chip_size, spec.overlap, tuple(spec.channels), spec.normalize)
+    summary = chip_scenes(Path(spec.scenes), Path(spec.labels), out, params, spec.select,
+                          spec.background, spec.seed, spec.on_error, runner="local")
+    log.info("chips for %s: %d (%d new) in %s", spec.scenes, summary["chips_total"],
+             summary["chips"], out)
+    return out
+
+
 def variant_key(spec: PreprocessSpec) -> str:
     return hashlib.sha256(spec.model_dump_json().encode()).hexdigest()[:12]
 
@@ -120,7 +139,7 @@ def _generate_if_missing(spec: PreprocessSpec) -> None:
     rows, cols = (int(v) for v in spec.generate.size.split("x"))
     log.info("preprocess: generating %d synthetic scenes of %s under %s", spec.generate.scenes,
              spec.generate.size, root)
-    generate(root, spec.generate.scenes, rows, cols, spec.generate.seed)
+    generate(root, spec.generate.scenes, rows, cols, spec.generate.seed, spec.generate.density)
 
 
 def _tag(spec: PreprocessSpec) -> str:

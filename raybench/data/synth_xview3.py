@@ -25,6 +25,7 @@ from raybench.data import xview3 as x3
 
 log = logging.getLogger(__name__)
 BLOCK_ROWS = 512  # rows per windowed write: one strip of GeoTIFF tiles
+REAL_DENSITY = 0.35  # labels per megapixel: about 220 labels in ~650 Mpx real scenes
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class Scene:
     coast_phase: float
     island: tuple[float, float, float]  # centre row, centre col, radius (px)
     swath: tuple[float, float, float, float]  # left/right edge at row 0 and their slope
+    density: float = REAL_DENSITY  # labels per megapixel
 
     @property
     def transform(self) -> Affine:
@@ -92,7 +94,8 @@ class Scene:
         return out
 
 
-def make_scenes(n: int, rows: int, cols: int, seed: int) -> list[Scene]:
+def make_scenes(n: int, rows: int, cols: int, seed: int,
+                density: float = REAL_DENSITY) -> list[Scene]:
     """`n` scenes, about three quarters train, at least one of each split when n >= 2."""
     rng = np.random.default_rng(seed)
     n_val = 0 if n < 2 else max(1, n // 4)
@@ -103,7 +106,7 @@ def make_scenes(n: int, rows: int, cols: int, seed: int) -> list[Scene]:
         zone = int(rng.integers(1, 61))
         north = rng.random() < 0.8
         scenes.append(Scene(
-            scene_id=sid, split=split, index=i, seed=seed, rows=rows, cols=cols,
+            scene_id=sid, split=split, index=i, seed=seed, rows=rows, cols=cols, density=density,
             epsg=(32600 if north else 32700) + zone,
             x0=float(rng.uniform(200_000, 600_000)),
             y0=float(rng.uniform(4_000_000, 7_000_000) if north else rng.uniform(2e6, 9e6)),
@@ -121,8 +124,9 @@ def make_scenes(n: int, rows: int, cols: int, seed: int) -> list[Scene]:
 def make_targets(scene: Scene) -> pd.DataFrame:
     """Vessels on open water and infrastructure near shore, with their true extents."""
     rng = np.random.default_rng([scene.seed, scene.index, 7])
-    # Real scenes hold about 220 labels in ~650 Mpx; small test scenes still get a handful.
-    n = max(8, int(0.35 * scene.rows * scene.cols / 1e6))
+    # Small test scenes still get a handful; a higher density gives a detector more to learn
+    # from in a short CPU run (the layout is the same, only the count changes).
+    n = max(8, int(scene.density * scene.rows * scene.cols / 1e6))
     contours = scene.contours()
     rows, cols, kinds = [], [], []
     tries = 0
@@ -246,7 +250,13 @@ def labels_for(scene: Scene, targets: pd.DataFrame, contours: list[np.ndarray]) 
     lon, lat = warp_transform(f"EPSG:{scene.epsg}", "EPSG:4326", list(xs), list(ys))
     vessel = (targets["kind"] == "vessel").to_numpy()
     length_known = rng.random(k) > 0.25
-    half = targets["length_m"].to_numpy() / x3.SCALE_10M / 2 + 1
+    # the box bounds the rendered hull (length along the heading, a quarter of it across), so
+    # its diagonal is about the length, as the reference's length rule assumes
+    half_len = np.maximum(1.0, targets["length_m"].to_numpy() / x3.SCALE_10M / 2)
+    half_w = np.maximum(0.8, half_len / 4)
+    sin, cos = np.abs(np.sin(targets["heading"])), np.abs(np.cos(targets["heading"]))
+    half_r = half_len * sin + half_w * cos
+    half_c = half_len * cos + half_w * sin
     box = length_known & vessel
     dist = x3.distance_to_shore_px(targets["row"].to_numpy(), targets["col"].to_numpy(), contours)
     is_vessel = pd.array(np.where(rng.random(k) < 0.1, None, vessel), dtype="boolean")
@@ -261,19 +271,20 @@ def labels_for(scene: Scene, targets: pd.DataFrame, contours: list[np.ndarray]) 
         "distance_from_shore_km": dist * x3.SCALE_10M / 1000,
         "scene_id": scene.scene_id,
         "confidence": rng.choice(["HIGH", "MEDIUM", "LOW"], size=k, p=[0.45, 0.35, 0.2]),
-        "top": np.where(box, targets["row"] - half, np.nan),
-        "left": np.where(box, targets["col"] - half, np.nan),
-        "bottom": np.where(box, targets["row"] + half, np.nan),
-        "right": np.where(box, targets["col"] + half, np.nan),
+        "top": np.where(box, targets["row"] - half_r, np.nan),
+        "left": np.where(box, targets["col"] - half_c, np.nan),
+        "bottom": np.where(box, targets["row"] + half_r, np.nan),
+        "right": np.where(box, targets["col"] + half_c, np.nan),
         "detect_id": [f"{scene.scene_id[:8]}{rng.bytes(6).hex()}" for _ in range(k)],
     })[x3.LABEL_COLUMNS]
 
 
-def generate(out: Path, n: int, rows: int, cols: int, seed: int) -> dict[str, pd.DataFrame]:
+def generate(out: Path, n: int, rows: int, cols: int, seed: int,
+             density: float = REAL_DENSITY) -> dict[str, pd.DataFrame]:
     """Write `n` scenes under `out` and the label CSVs; returns labels per split."""
     out = Path(out)
     labels: dict[str, list[pd.DataFrame]] = {s: [] for s in x3.SPLITS}
-    for scene in make_scenes(n, rows, cols, seed):
+    for scene in make_scenes(n, rows, cols, seed, density):
         log.info("scene %d/%d %s (%s, %dx%d)", scene.index + 1, n, scene.scene_id, scene.split,
                  rows, cols)
         labels[scene.split].append(write_scene(scene, out))
@@ -295,18 +306,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scenes", type=int, default=4)
     p.add_argument("--size", default="2400x2400", help="ROWSxCOLS of the 10 m grid")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--density", type=float, default=REAL_DENSITY,
+                   help="labels per megapixel (real scenes: about 0.35)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:
         rows, cols = (int(v) for v in args.size.lower().split("x"))
-        if rows < 100 or cols < 100 or args.scenes < 1:
+        if rows < 100 or cols < 100 or args.scenes < 1 or not 0 < args.density <= 1000:
             raise ValueError
     except ValueError:
         print(f"raybench: --size {args.size!r} / --scenes {args.scenes}: need ROWSxCOLS of at "
-              "least 100x100 and at least one scene. Fix: e.g. --size 2400x2400 --scenes 4",
+              "least 100x100, at least one scene and a density in (0, 1000]. Fix: e.g. "
+              "--size 2400x2400 --scenes 4",
               file=sys.stderr)
         return 2
-    frames = generate(Path(args.out), args.scenes, rows, cols, args.seed)
+    frames = generate(Path(args.out), args.scenes, rows, cols, args.seed, args.density)
     print({split: len(f) for split, f in frames.items()})
     return 0
 

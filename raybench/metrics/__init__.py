@@ -7,6 +7,7 @@ measured steps, CV% is std/mean of step time, skew compares the slowest and fast
 
 from __future__ import annotations
 
+import json
 import statistics
 from typing import Any
 
@@ -80,6 +81,7 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     out["perf/achieved_tflops_per_gpu"] = achieved  # per rank; on CPU ranks too
     out["perf/mfu_pct"] = 100.0 * util if util is not None else None
     out.update(gpu_telemetry(records))
+    out.update(epoch_metrics(first.get("epochs")))
     out.update(bandwidth(first.get("describe", {}).get("message_bytes"), records))
     pixels = first.get("describe", {}).get("pixels_per_sample")
     if pixels:
@@ -87,6 +89,30 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         # per MB of the memory that limits the tile: device peak on GPU, process peak on CPU
         peak = out["mem/peak_allocated_mb"] or out["host/rss_peak_mb"]
         out["train/pixels_per_s_per_mb"] = out["train/pixels_per_s"] / peak if peak else None
+    return out
+
+
+def epoch_metrics(epochs: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """An epoch-based run: training time, epoch times, and the LAST epoch's accuracy (the
+    honest figure: picking the best epoch on validation data flatters it), with the best
+    aggregate and its epoch beside it."""
+    if not epochs:
+        return {}
+    last = epochs[-1]
+    out: dict[str, Any] = {
+        "train/epochs": len(epochs),
+        "train/train_time_s": float(sum(e["train_s"] for e in epochs)),
+        "train/epoch_times_s": json.dumps([round(e["train_s"], 3) for e in epochs]),
+        "eval/time_s": float(sum(e["eval_s"] for e in epochs)),
+    }
+    out.update({k: v for k, v in last.items() if "/" in k and k != "eval/seconds"})
+    scored = [e for e in epochs if e.get("xview3/aggregate") is not None]
+    if scored:
+        best = max(scored, key=lambda e: e["xview3/aggregate"])
+        out["xview3/best_aggregate"] = best["xview3/aggregate"]
+        out["xview3/best_epoch"] = best["epoch"]
+        out["xview3/epoch_aggregates"] = json.dumps([round(e["xview3/aggregate"], 4)
+                                                     for e in scored])
     return out
 
 
@@ -156,7 +182,8 @@ def _rank_throughput(r: dict[str, Any]) -> float:
 def _repeat_throughputs(records: list[dict[str, Any]]) -> list[float]:
     n = len(records[0]["windows_s"])
     return [
-        sum(r["samples_per_step"] * r["steps_per_window"] / r["windows_s"][i] for r in records)
+        sum(r["samples_per_step"] * r.get("window_steps", [r["steps_per_window"]] * n)[i]
+            / r["windows_s"][i] for r in records)
         for i in range(n)
     ]
 

@@ -38,6 +38,10 @@ class Workload(ABC):
 
     name: ClassVar[str]
     Params: ClassVar[type[WorkloadParams]] = WorkloadParams
+    # True: the run is `params.epochs` passes over a dataset with `end_epoch` after each
+    # (evaluation); the timed loop then measures every step but the first `warmup_steps`,
+    # and measure_steps / measure_seconds / repeats do not apply.
+    epoch_based: ClassVar[bool] = False
 
     def __init__(self, params: WorkloadParams, ctx: WorkerContext):
         self.params = params
@@ -63,6 +67,15 @@ class Workload(ABC):
     @abstractmethod
     def model(self) -> torch.nn.Module:
         """The unwrapped model, for parameter counts."""
+
+    def epoch_steps(self) -> int:
+        """Steps in one epoch on this rank, the same on every rank (epoch-based workloads)."""
+        raise NotImplementedError
+
+    def end_epoch(self, epoch: int) -> dict[str, Any]:
+        """Called on every rank after each epoch, outside the timing; returns that epoch's
+        accuracy figures (rank 0) or {} (other ranks)."""
+        return {}
 
     @classmethod
     def measure_defaults(cls, params: WorkloadParams) -> dict[str, Any]:
