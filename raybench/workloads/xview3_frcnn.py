@@ -170,12 +170,15 @@ class Xview3Frcnn(Workload):
         p, ctx = self.params, self.ctx
         common = dict(out=p.chips_cache, chip_size=p.chip_size, channels=p.channels,
                       normalize="standard", seed=p.seed, generate=p.generate)
-        train = PreprocessSpec(scenes=p.scenes, labels=p.labels, select="train",
-                               background=p.background, **common)
         val = PreprocessSpec(scenes=p.val_scenes, labels=p.val_labels, select="all",
                              overlap=p.eval_overlap, **common)
         cut = ctx.local_rank == 0
-        train_dir = Path(p.chips) if p.chips else prepare_local(train, chip=cut)
+        if p.chips:
+            train_dir = Path(p.chips)
+        else:
+            train = PreprocessSpec(scenes=p.scenes, labels=p.labels, select="train",
+                                   background=p.background, **common)
+            train_dir = prepare_local(train, chip=cut)
         val_dir = prepare_local(val, chip=cut)
         ctx.barrier()
         return train_dir, val_dir
