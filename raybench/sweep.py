@@ -147,11 +147,12 @@ def _tune(spec: SweepSpec, trials: list[TrialSpec], out: Path, writer: RowWriter
     logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
     storage = out / "ray"
     timeout = spec.execution.start_timeout_s
+    cwd = os.getcwd()  # the sweep's relative paths are relative to where it was started
 
     def tune_trial(config: dict[str, Any], trial_dicts: list[dict[str, Any]]) -> None:
         trial = TrialSpec.from_dict(trial_dicts[config["trial"]])
         start = now()
-        outcome = run_trial(trial, storage, timeout)
+        outcome = run_trial(trial, storage, timeout, cwd)
         outcome.update(start_time=start, end_time=now())
         tune.report({"raybench_outcome": json.dumps(outcome)})
 

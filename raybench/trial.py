@@ -35,6 +35,10 @@ TRAIN_ENV = {
 def train_loop(config: dict[str, Any]) -> list[dict[str, Any]] | None:
     """Runs on every Ray Train worker; rank 0's return value carries all ranks' records."""
     trial = TrialSpec.from_dict(config["trial"])
+    if config.get("cwd") and os.path.isdir(config["cwd"]):
+        # relative paths in a sweep (data, chip caches) mean the sweep's directory, not the
+        # trial directory Tune may have moved this process tree into
+        os.chdir(config["cwd"])
     tctx = ray.train.get_context()
     ctx = WorkerContext(
         rank=tctx.get_world_rank(), local_rank=tctx.get_local_rank(),
@@ -55,7 +59,8 @@ def train_loop(config: dict[str, Any]) -> list[dict[str, Any]] | None:
     return records
 
 
-def run_trial(trial: TrialSpec, storage: Path, start_timeout_s: float) -> dict[str, Any]:
+def run_trial(trial: TrialSpec, storage: Path, start_timeout_s: float,
+              cwd: str | None = None) -> dict[str, Any]:
     """Fit one TorchTrainer; returns {status, error, metrics, ranks, records}, never raises."""
     for key, value in TRAIN_ENV.items():
         os.environ.setdefault(key, value)  # a user's own setting wins
@@ -65,7 +70,8 @@ def run_trial(trial: TrialSpec, storage: Path, start_timeout_s: float) -> dict[s
     trainer = TorchTrainer(
         train_loop,
         # traces land beside the trial JSONs (on rank 0's node; shared storage is issue 8's)
-        train_loop_config={"trial": trial.to_dict(), "trace_dir": str(storage.parent / "trials")},
+        train_loop_config={"trial": trial.to_dict(), "trace_dir": str(storage.parent / "trials"),
+                           "cwd": cwd},
         torch_config=TorchConfig(backend="nccl" if hw.use_gpu else "gloo"),
         scaling_config=ray.train.ScalingConfig(
             num_workers=hw.world_size, use_gpu=hw.use_gpu, resources_per_worker=res["per_worker"],

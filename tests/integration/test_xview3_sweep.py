@@ -1,6 +1,8 @@
 """The xView3 CPU sweep on a real embedded Ray, shortened to one epoch of one 2-rank trial: the
 preprocess stage hands its chips to the workload, evaluation is gathered across DDP ranks, the
-row carries the accuracy columns, and the best epoch becomes a Ray Train checkpoint."""
+row carries the accuracy columns, and the best epoch becomes a Ray Train checkpoint. Its data
+paths are relative, as in the shipped sweeps: they mean the directory the sweep started in, even
+inside Ray Train workers (Tune moves trial processes into trial directories)."""
 
 from __future__ import annotations
 
@@ -22,22 +24,22 @@ ACCURACY = ["xview3/aggregate", "xview3/detection_f1", "xview3/shore_f1", "xview
 
 
 def test_xview3_cpu_sweep_rows_carry_accuracy(tmp_path):
-    data = tmp_path / "synth"
+    data = "synth"
     sets = {
         "preprocess.scenes": f"{data}/train", "preprocess.labels": f"{data}/labels/train.csv",
-        "preprocess.out": f"{tmp_path}/chips", "preprocess.generate.size": "512x512",
+        "preprocess.out": "chips", "preprocess.generate.size": "512x512",
         "workload.scenes": f"{data}/train", "workload.labels": f"{data}/labels/train.csv",
         "workload.val_scenes": f"{data}/validation",
         "workload.val_labels": f"{data}/labels/validation.csv",
         "workload.shoreline": f"{data}/shoreline/validation",
-        "workload.chips_cache": f"{tmp_path}/chips", "workload.epochs": "1",
+        "workload.chips_cache": "chips", "workload.epochs": "1",
         "workload.save_checkpoints": "true", "grid.cpu_workers": "[2]",
     }
-    cmd = [sys.executable, "-m", "raybench.sweep", "sweeps/xview3_cpu.yaml", "--output",
-           str(tmp_path / "run")]
+    cmd = [sys.executable, "-m", "raybench.sweep", str(ROOT / "sweeps" / "xview3_cpu.yaml"),
+           "--output", str(tmp_path / "run")]
     for k, v in sets.items():
         cmd += ["--set", f"{k}={v}"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])["raybench"]
     df = pd.read_parquet(tmp_path / "run" / "results.parquet")
@@ -50,8 +52,8 @@ def test_xview3_cpu_sweep_rows_carry_accuracy(tmp_path):
         assert col in df.columns and pd.notna(trial[col]), col
     assert 0 <= trial["xview3/aggregate"] <= 1
     # the workload read the stage's chips, not a second cut of its own
-    assert trial["workload.chips"] and Path(trial["workload.chips"]).is_dir()
-    assert trial["workload.chips"].startswith(f"{tmp_path}/chips")
+    assert trial["workload.chips"].startswith("chips/")
+    assert (tmp_path / trial["workload.chips"] / "chip_params.json").is_file()
     ckpt = Path(trial["train/checkpoint"])
     assert (ckpt / "model.pt").is_file() and (ckpt / "scores.json").is_file()
     preds = list((tmp_path / "run" / "trials").glob("*/predictions.csv"))
