@@ -1,0 +1,91 @@
+"""Every file in cluster/ parses, names sweeps that exist, and offers nodes those sweeps fit on:
+each file's GPUs per node match the sweep's system, and every trial of the sweep can be placed
+on the nodes the file describes."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from raybench.grid import expand
+from raybench.plan import placement
+from raybench.spec import load_sweep
+
+ROOT = Path(__file__).resolve().parents[1]
+FILES = sorted(p for p in (ROOT / "cluster").rglob("*") if p.is_file() and p.name != "Dockerfile")
+
+
+def named_sweeps(text: str) -> list[str]:
+    lines = [ln for ln in text.splitlines() if ln.startswith("# raybench-sweeps:")]
+    assert len(lines) == 1, "one '# raybench-sweeps: ...' line says which sweeps a file suits"
+    return [s.strip() for s in lines[0].split(":", 1)[1].split(",") if s.strip()]
+
+
+def _flag(text: str, name: str) -> float:
+    m = re.search(rf"--{name}[= ]\"?(\d+)", text)
+    assert m, f"--{name} not found"
+    return float(m.group(1))
+
+
+def node_shape(path: Path) -> tuple[dict[str, float], int]:
+    """(resources of one GPU node, how many such nodes) as the file declares them."""
+    text = path.read_text()
+    if path.suffix == ".sbatch":
+        cpus = _flag(text, "cpus-per-task")
+        return {"CPU": cpus, "GPU": _flag(text, "gpus-per-node")}, int(_flag(text, "nodes"))
+    doc = yaml.safe_load(text)
+    if doc.get("kind") in ("RayCluster", "RayJob"):
+        spec = doc["spec"] if doc["kind"] == "RayCluster" else doc["spec"]["rayClusterSpec"]
+        group = spec["workerGroupSpecs"][0]
+        limits = group["template"]["spec"]["containers"][0]["resources"]["limits"]
+        return ({"CPU": float(limits["cpu"]), "GPU": float(limits["nvidia.com/gpu"])},
+                int(group["maxReplicas"]))
+    if doc["provider"]["type"] == "local":
+        cmd = " ".join(doc["worker_start_ray_commands"])
+        return ({"CPU": _flag(cmd, "num-cpus"), "GPU": _flag(cmd, "num-gpus")},
+                1 + len(doc["provider"]["worker_ips"]))
+    gpu_types = [t for t in doc["available_node_types"].values()
+                 if t["resources"].get("GPU", 0) > 0]
+    t = gpu_types[0]
+    return {k: float(v) for k, v in t["resources"].items()}, int(t["max_workers"])
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_cluster_file_parses_and_fits_its_sweeps(path: Path):
+    text = path.read_text()
+    if path.suffix == ".sbatch":
+        subprocess.run(["bash", "-n", str(path)], check=True)
+    else:
+        assert yaml.safe_load(text)
+    sweeps = named_sweeps(text)
+    assert sweeps
+    node, count = node_shape(path)
+    # the Tune trial's own 0.01 CPU shares a node with the workers
+    nodes = [dict(node) for _ in range(count)]
+    for name in sweeps:
+        assert (ROOT / name).is_file(), f"{path.name} names {name}, which does not exist"
+        spec = load_sweep(ROOT / name)
+        assert spec.system.gpus_per_node == node["GPU"], \
+            f"{name} is for {spec.system.gpus_per_node} GPUs per node, {path.name} has {node['GPU']}"
+        for trial in expand(spec):
+            why = placement(trial, nodes)
+            assert why is None, f"{name} trial {trial.index} on {path.name}: {why}"
+
+
+def test_dockerfile_copies_what_exists():
+    text = (ROOT / "cluster" / "Dockerfile").read_text()
+    assert re.search(r"^FROM rayproject/ray:2\.60\.", text, re.M)
+    for line in re.findall(r"^COPY (?:--\S+ )*(.+) \S+$", text, re.M):
+        for src in line.split():
+            assert (ROOT / src).exists(), src
+
+
+@pytest.mark.skipif(shutil.which("sbatch") is None, reason="no Slurm here; bash -n checks syntax")
+def test_sbatch_is_accepted_by_slurm():
+    for p in (ROOT / "cluster" / "slurm").glob("*.sbatch"):
+        subprocess.run(["sbatch", "--test-only", str(p)], check=True)
