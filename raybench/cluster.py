@@ -48,7 +48,9 @@ def connect(address: str | None) -> bool:
     log.info("starting an embedded Ray: %g CPUs, %g GPUs", shape["CPU"], shape["GPU"])
     # The dashboard serves the State API that Ray Train's placement-group cleaner polls; it
     # listens on loopback only, since an embedded Ray has no reason to be reachable.
+    # one raybench_node token: what `concurrency: per_node` trials hold a node by (plan.py)
     ray.init(num_cpus=int(shape["CPU"]), num_gpus=int(shape["GPU"]),
+             resources={"raybench_node": 1},
              include_dashboard=True, dashboard_host="127.0.0.1",
              logging_level=logging.WARNING, log_to_driver=True)
     return True

@@ -34,6 +34,9 @@ class WorkerContext:
     phase_s: dict[str, list[float]] = field(default_factory=dict)
     trace_path: str | None = None  # where rank 0 writes its profiler trace, if one is asked
     artifact_dir: str | None = None  # the trial's own folder for rank 0's files (predictions..)
+    node_id: str | None = None  # where this rank ran, as the cluster names it (Ray node id/IP)
+    node_ip: str | None = None
+    accelerator_ids: list[str] = field(default_factory=list)  # GPUs the cluster gave this rank
 
     @property
     def distributed(self) -> bool:

@@ -65,10 +65,57 @@ def placement(trial: TrialSpec, nodes: list[dict[str, float]]) -> str | None:
         got = ", ".join(f"{k}={have[k]:g}" for k in short)
         return f"needs {need} in all ({res['workers']} workers) but the cluster has {got}"
     # Each worker must fit on a single node; count how many workers every node can hold.
-    slots = 0
-    for n in nodes:
-        slots += min(int(n.get(k, 0.0) // v + 1e-9) for k, v in res["per_worker"].items() if v > 0)
+    slots = sum(_slots(n, res["per_worker"]) for n in nodes)
     if slots < res["workers"]:
         return (f"needs {res['workers']} workers of {res['per_worker']} but the nodes hold "
                 f"only {slots} such workers")
     return None
+
+
+NODE_TOKEN = "raybench_node"  # one per node: `per_node` trials take a whole node's token
+TUNE_TRIAL_CPU = 0.01  # each running trial's Tune function holds this much beside its workers
+
+
+def strategy(trial: TrialSpec, nodes: list[dict[str, float]], placement_mode: str,
+             concurrency: str) -> str:
+    """Ray placement strategy of a trial's workers: on one node when it fits there (no network
+    between ranks), over several when it does not; `per_node` trials must stay on one node."""
+    if concurrency == "per_node":
+        return "STRICT_PACK"
+    if placement_mode == "spread":
+        return "SPREAD"
+    if placement_mode == "pack":
+        return "PACK"
+    res = trial.resources()
+    one = any(_slots(n, res["per_worker"]) >= res["workers"] for n in nodes)
+    return "PACK" if one else "SPREAD"
+
+
+def concurrency_limit(trials: list[TrialSpec], nodes: list[dict[str, float]],
+                      mode: str) -> tuple[int, str]:
+    """How many trials may run at once, and why. The bound is for an envelope trial (the most
+    workers and the largest worker of the grid), so any that many trials fit side by side and
+    none waits for resources (a waiting worker group would hit its start deadline)."""
+    if mode == "exclusive" or not trials:
+        return 1, "exclusive: one trial at a time"
+    workers = max(t.resources()["workers"] for t in trials)
+    per_worker: dict[str, float] = {}
+    for t in trials:
+        for k, v in t.resources()["per_worker"].items():
+            per_worker[k] = max(per_worker.get(k, 0.0), v)
+    if mode == "per_node":
+        fit = [n for n in nodes if n.get(NODE_TOKEN, 0) >= 1 and _slots(n, per_worker) >= workers]
+        return (max(1, len(fit)), f"per_node: {len(fit)} of {len(nodes)} nodes each hold a whole "
+                f"trial of {workers} x {per_worker}")
+    # pack: copies of the envelope trial placed worker by worker, the Tune CPU included
+    copies = sum(_slots(n, per_worker) for n in nodes) // workers
+    cpus = sum(n.get("CPU", 0.0) for n in nodes)
+    while copies > 1 and copies * (workers * per_worker.get("CPU", 0) + TUNE_TRIAL_CPU) > cpus:
+        copies -= 1
+    return (max(1, copies), f"pack: {copies} trials of {workers} x {per_worker} fit at once on "
+            f"{_shape(nodes)}")
+
+
+def _slots(node: dict[str, float], per_worker: dict[str, float]) -> int:
+    """Workers of this shape one node holds."""
+    return min(int(node.get(k, 0.0) // v + 1e-9) for k, v in per_worker.items() if v > 0)

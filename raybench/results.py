@@ -266,3 +266,29 @@ def _jsonable(obj: Any) -> Any:
 
 def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def storage_uri(storage: str, sweep: str, run_id: str, *parts: str) -> str:
+    """`<storage>/<sweep>/<run_id>/...`, for a local path or a URI alike."""
+    return "/".join([storage.rstrip("/"), sweep, run_id, *parts])
+
+
+def publish(out: Path, storage: str, sweep: str) -> str:
+    """Copy the run directory (table, trial JSONs, report, run files) to shared storage through
+    pyarrow's filesystems; the Ray storage subfolder is already there. Returns where it went."""
+    import pyarrow.fs as pafs
+
+    dest = storage_uri(storage, sweep, out.name)
+    fs, path = pafs.FileSystem.from_uri(dest if "://" in dest else str(Path(dest).resolve()))
+    fs.create_dir(path, recursive=True)
+    local = pafs.LocalFileSystem()
+    for item in sorted(out.resolve().rglob("*")):
+        rel = item.relative_to(out.resolve())
+        if rel.parts[0] == "ray":  # Tune/Train's local leftovers; its storage is already there
+            continue
+        if item.is_dir():  # object stores have no folders, local and shared filesystems do
+            fs.create_dir(f"{path}/{rel.as_posix()}", recursive=True)
+        else:
+            pafs.copy_files(str(item), f"{path}/{rel.as_posix()}", source_filesystem=local,
+                            destination_filesystem=fs)
+    return dest

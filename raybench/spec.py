@@ -100,11 +100,24 @@ class ExecutionSpec(Strict):
     """How trials are launched; placement that never happens must fail fast, not hang."""
 
     start_timeout_s: float = Field(30.0, gt=0, description="worker group placement deadline")
+    concurrency: Literal["exclusive", "per_node", "pack"] = Field(
+        "exclusive", description="exclusive: one trial at a time on the cluster; per_node: trials "
+        "side by side, each alone on its node(s); pack: side by side sharing nodes, never a GPU")
+    placement: Literal["auto", "pack", "spread"] = Field(
+        "auto", description="auto: a trial that fits on one node is packed onto one, a larger "
+        "one spread over nodes")
+    logical_gpus: bool = Field(
+        False, description="GPUs are scheduling tokens only and workers compute on CPU (gloo): "
+        "for rehearsing placement and concurrency on a machine without GPUs, never for figures")
 
 
 class OutputSpec(Strict):
     root: str = "results"
     dir: str | None = None  # exact run directory; default <root>/<name>/<UTC timestamp>
+    storage: str | None = Field(
+        None, description="shared storage for a cluster: a path on a shared filesystem or a "
+        "URI pyarrow understands (s3://bucket/prefix, gs://..., file:///...). Ray Train writes "
+        "checkpoints there, and the driver copies the run directory there when the sweep ends")
 
 
 class SweepSpec(Strict):

@@ -27,6 +27,8 @@ from raybench.results import (
     RowWriter,
     history_root,
     now,
+    publish,
+    storage_uri,
     write_report,
     write_run_files,
 )
@@ -76,8 +78,13 @@ def run_sweep(spec: SweepSpec, trials: list[TrialSpec], out: Path,
         trials = _with_stage_output(trials, outputs)
         runnable = []
         nodes = cluster.nodes()
+        no_token = spec.execution.concurrency == "per_node" and not any(
+            n.get(plan.NODE_TOKEN) for n in nodes)
         for t in trials:
             why = plan.placement(t, nodes)
+            if no_token:
+                why = (f"concurrency per_node needs nodes started with --resources="
+                       f"'{{\"{plan.NODE_TOKEN}\": 1}}' (see cluster/); this cluster has none")
             if why:
                 log.error("trial %d (%s) can never be placed: %s", t.index, t.key, why)
                 writer.write(t, {"status": "infeasible", "error": why, "metrics": {}})
@@ -85,13 +92,13 @@ def run_sweep(spec: SweepSpec, trials: list[TrialSpec], out: Path,
                 runnable.append(t)
         if runnable and spec.search and spec.search.largest_batch:
             def probe(t: TrialSpec) -> dict[str, Any]:
-                _tune(spec, [t], out, writer, name=f"probe_{t.index:04d}")
+                _tune(spec, [t], out, writer, name=f"probe_{t.index:04d}", nodes=nodes)
                 return writer.outcomes[t.key]
 
             search_all(spec.search.largest_batch, runnable, probe, writer)
             runnable = []  # probes are not grid trials: nothing below is missing
         elif runnable:
-            _tune(spec, runnable, out, writer)
+            _tune(spec, runnable, out, writer, nodes=nodes)
         for t in runnable:  # a trial Tune lost without a result is still a row
             if t.key not in writer.done:
                 writer.write(t, {"status": "error", "error": "trial ended without a result",
@@ -102,7 +109,14 @@ def run_sweep(spec: SweepSpec, trials: list[TrialSpec], out: Path,
 
             ray.shutdown()
     summary = writer.summary(out, time.monotonic() - t0)
-    return {**summary, "report": write_report(out)}
+    summary = {**summary, "report": write_report(out)}
+    if spec.output.storage:
+        try:
+            summary["storage"] = publish(out, spec.output.storage, spec.name)
+        except OSError as e:  # the local copy is whole; say where the shared one failed
+            log.error("could not copy the run to %s: %s", spec.output.storage, e)
+            summary["storage_error"] = str(e)
+    return summary
 
 
 def _with_stage_output(trials: list[TrialSpec], outputs: list[str | None]) -> list[TrialSpec]:
@@ -136,7 +150,7 @@ def _stage(variant: PreprocessSpec, out: Path, writer: RowWriter) -> str | None:
 
 
 def _tune(spec: SweepSpec, trials: list[TrialSpec], out: Path, writer: RowWriter,
-          name: str = "tune") -> None:
+          name: str = "tune", nodes: list[dict[str, float]] | None = None) -> None:
     from ray import tune
 
     from raybench.trial import run_trial
@@ -145,14 +159,24 @@ def _tune(spec: SweepSpec, trials: list[TrialSpec], out: Path, writer: RowWriter
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     # ...so Tune's end-of-run analysis finds no result.json; its warning about that is noise.
     logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
-    storage = out / "ray"
-    timeout = spec.execution.start_timeout_s
+    storage = str(out / "ray")
+    if spec.output.storage:  # checkpoints go straight to shared storage
+        storage = storage_uri(spec.output.storage, spec.name, out.name, "ray")
+        if "://" not in storage:
+            storage = str(Path(storage).resolve())
+    trials_dir = str(out / "trials")
+    execution = spec.execution
     cwd = os.getcwd()  # the sweep's relative paths are relative to where it was started
+    nodes = nodes or cluster.nodes()
+    limit, why = plan.concurrency_limit(trials, nodes, execution.concurrency)
+    log.info("concurrency %s", why)
+    strategies = {t.key: plan.strategy(t, nodes, execution.placement, execution.concurrency)
+                  for t in trials}
 
     def tune_trial(config: dict[str, Any], trial_dicts: list[dict[str, Any]]) -> None:
         trial = TrialSpec.from_dict(trial_dicts[config["trial"]])
         start = now()
-        outcome = run_trial(trial, storage, timeout, cwd)
+        outcome = run_trial(trial, storage, trials_dir, execution, cwd, strategies[trial.key])
         outcome.update(start_time=start, end_time=now())
         tune.report({"raybench_outcome": json.dumps(outcome)})
 
@@ -174,9 +198,9 @@ def _tune(spec: SweepSpec, trials: list[TrialSpec], out: Path, writer: RowWriter
             {"cpu": 0.01},  # the trainer's workers hold the real resources; {"cpu": 0} is rejected
         ),
         param_space={"trial": tune.grid_search(list(by_index))},
-        tune_config=tune.TuneConfig(max_concurrent_trials=1, reuse_actors=False),
+        tune_config=tune.TuneConfig(max_concurrent_trials=limit, reuse_actors=False),
         run_config=tune.RunConfig(
-            name=name, storage_path=str(storage), verbose=0, callbacks=[Writer()],
+            name=name, storage_path=storage, verbose=0, callbacks=[Writer()],
             failure_config=tune.FailureConfig(max_failures=0),
         ),
     )

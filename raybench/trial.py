@@ -12,14 +12,18 @@ import os
 from pathlib import Path
 from typing import Any
 
+import ray
 import ray.train
 import ray.train.torch
+import torch
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from raybench import metrics
 from raybench.context import WorkerContext
 from raybench.failures import failure
 from raybench.grid import TrialSpec, artifact_dir, trace_path
+from raybench.plan import NODE_TOKEN
+from raybench.spec import ExecutionSpec
 from raybench.worker import run_worker
 
 # Read by the Train controller, which inherits them from this process (ENV_VARS_TO_PROPAGATE).
@@ -40,10 +44,15 @@ def train_loop(config: dict[str, Any]) -> list[dict[str, Any]] | None:
         # trial directory Tune may have moved this process tree into
         os.chdir(config["cwd"])
     tctx = ray.train.get_context()
+    rt = ray.get_runtime_context()
+    logical = config.get("logical_gpus", False)
     ctx = WorkerContext(
         rank=tctx.get_world_rank(), local_rank=tctx.get_local_rank(),
         world_size=tctx.get_world_size(), node_rank=tctx.get_node_rank(),
-        device=ray.train.torch.get_device(), hardware=trial.hardware,
+        device=torch.device("cpu") if logical else ray.train.torch.get_device(),
+        hardware=trial.hardware,
+        node_id=rt.get_node_id(), node_ip=ray.util.get_node_ip_address(),
+        accelerator_ids=[str(g) for g in rt.get_accelerator_ids().get("GPU", [])],
         trace_path=trace_path(config["trace_dir"], trial),
         artifact_dir=artifact_dir(config["trace_dir"], trial),
     )
@@ -59,26 +68,35 @@ def train_loop(config: dict[str, Any]) -> list[dict[str, Any]] | None:
     return records
 
 
-def run_trial(trial: TrialSpec, storage: Path, start_timeout_s: float,
-              cwd: str | None = None) -> dict[str, Any]:
-    """Fit one TorchTrainer; returns {status, error, metrics, ranks, records}, never raises."""
+def run_trial(trial: TrialSpec, storage: str, trials_dir: str, execution: ExecutionSpec,
+              cwd: str | None = None, strategy: str = "PACK") -> dict[str, Any]:
+    """Fit one TorchTrainer; returns {status, error, metrics, ranks, records}, never raises.
+    `storage` is Ray Train's storage path (a local folder or a URI), `trials_dir` where rank 0
+    writes traces and artefacts (on its own node), `strategy` the placement (plan.strategy)."""
     for key, value in TRAIN_ENV.items():
         os.environ.setdefault(key, value)  # a user's own setting wins
-    os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = str(start_timeout_s)
+    os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = str(execution.start_timeout_s)
     hw = trial.hardware
     res = trial.resources()
+    per_worker = dict(res["per_worker"])
+    if execution.concurrency == "per_node":
+        # the workers of a trial share one node's token between them, so no other trial's
+        # workers can join that node (shares rounded down: Ray counts resources in 1e-4 units)
+        per_worker[NODE_TOKEN] = int(10_000 / hw.world_size) / 10_000
     trainer = TorchTrainer(
         train_loop,
-        # traces land beside the trial JSONs (on rank 0's node; shared storage is issue 8's)
-        train_loop_config={"trial": trial.to_dict(), "trace_dir": str(storage.parent / "trials"),
-                           "cwd": cwd},
-        torch_config=TorchConfig(backend="nccl" if hw.use_gpu else "gloo"),
+        # traces and artefacts land beside the trial JSONs, on rank 0's node
+        train_loop_config={"trial": trial.to_dict(), "trace_dir": trials_dir,
+                           "cwd": cwd, "logical_gpus": execution.logical_gpus},
+        torch_config=TorchConfig(
+            backend="nccl" if hw.use_gpu and not execution.logical_gpus else "gloo"),
         scaling_config=ray.train.ScalingConfig(
-            num_workers=hw.world_size, use_gpu=hw.use_gpu, resources_per_worker=res["per_worker"],
+            num_workers=hw.world_size, use_gpu=hw.use_gpu, resources_per_worker=per_worker,
+            placement_strategy=strategy,
         ),
         run_config=ray.train.RunConfig(
             name=f"trial_{trial.index:04d}_{trial.key}",
-            storage_path=str(storage),
+            storage_path=storage,
             # A worker group that cannot be placed must fail once, not be retried forever
             # (controller_failure_limit defaults to -1 in Ray 2.60).
             failure_config=ray.train.FailureConfig(max_failures=0, controller_failure_limit=0),
@@ -89,6 +107,9 @@ def run_trial(trial: TrialSpec, storage: Path, start_timeout_s: float,
     except Exception as e:  # a failed trial is a row, never a lost sweep
         return failure(e, res)
     out = metrics.outcome(result.return_value)
-    if result.checkpoint is not None and out["status"] == "ok":
-        out["metrics"]["train/checkpoint"] = result.checkpoint.path
+    if out["status"] == "ok":
+        out["metrics"]["cluster/placement_strategy"] = strategy
+        out["metrics"]["cluster/concurrency"] = execution.concurrency
+        if result.checkpoint is not None:
+            out["metrics"]["train/checkpoint"] = result.checkpoint.path
     return out

@@ -67,6 +67,11 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         "host/cpu_util_pct": float(np.mean([r["cpu_util_pct"] for r in records]))
         if all(r.get("cpu_util_pct") is not None for r in records) else None,
         "model/params_m": first["params"] / 1e6,
+        # where the ranks ran: distinct nodes, and each rank's node/GPU in rank order
+        "cluster/nodes_used": len({r.get("node_id") or r["hostname"] for r in records}),
+        "cluster/rank_nodes": ",".join(str(r.get("node_ip") or r["hostname"]) for r in records),
+        "cluster/rank_gpus": ",".join("+".join(r.get("accelerator_ids") or []) or "-"
+                                      for r in records),
         "model/size_mb": first["model_size_mb"],
     }
     for name in sorted({n for r in records for n in r.get("phase_s", {})}):
@@ -160,7 +165,9 @@ def per_rank_table(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [
         {
             "rank": r["rank"], "node_rank": r["node_rank"], "local_rank": r["local_rank"],
-            "hostname": r["hostname"], "device": r["device"], "device_name": r["device_name"],
+            "hostname": r["hostname"], "node_id": r.get("node_id"), "node_ip": r.get("node_ip"),
+            "accelerator_ids": ",".join(r.get("accelerator_ids") or []),
+            "device": r["device"], "device_name": r["device_name"],
             "samples_per_s": _rank_throughput(r),
             "step_time_mean_ms": float(_step_ms(r).mean()),
             "data_wait_mean_ms": float(np.mean(r["wait_s"]) * 1e3),

@@ -1,0 +1,83 @@
+"""Ray nodes this test process starts and stops itself: `ray start --block` children in their own
+process groups, on their own ports, temp dir and token, so stopping them touches no other Ray."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocalCluster:
+    """A head (and optional worker nodes) on loopback addresses, with token authentication."""
+
+    def __init__(self, head_ip: str = "127.0.0.1"):
+        self.head_ip = head_ip
+        self.port, self.dashboard_port = free_port(), free_port()
+        # short: Ray's unix socket paths live under it and have a length limit
+        self.temp_dir = tempfile.mkdtemp(prefix="rb", dir="/tmp")
+        self.env = {**os.environ, "RAY_AUTH_MODE": "token",
+                    "RAY_AUTH_TOKEN": secrets.token_hex(16), "RAY_USAGE_STATS_ENABLED": "0",
+                    "PATH": f"{BIN}:{os.environ.get('PATH', '')}"}
+        self.env.pop("RAY_ADDRESS", None)
+        self.procs: list[subprocess.Popen] = []
+
+    @property
+    def address(self) -> str:
+        return f"{self.head_ip}:{self.port}"
+
+    @property
+    def dashboard(self) -> str:
+        return f"http://{self.head_ip}:{self.dashboard_port}"
+
+    def start_head(self, *args: str) -> None:
+        self._start("--head", f"--node-ip-address={self.head_ip}", f"--port={self.port}",
+                    f"--dashboard-port={self.dashboard_port}", f"--dashboard-host={self.head_ip}",
+                    f"--temp-dir={self.temp_dir}", "--include-dashboard=true", *args)
+
+    def add_node(self, ip: str, *args: str) -> None:
+        self._start(f"--address={self.address}", f"--node-ip-address={ip}", *args)
+
+    def _start(self, *args: str) -> None:
+        cmd = [str(BIN / "ray"), "start", "--block", "--disable-usage-stats", *args]
+        self.procs.append(subprocess.Popen(cmd, env=self.env, start_new_session=True,
+                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+
+    def wait_for_nodes(self, n: int, timeout: float = 90) -> None:
+        code = ("import ray,sys; ray.init(address=sys.argv[1], logging_level='ERROR'); "
+                "print(sum(1 for x in ray.nodes() if x['Alive']))")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            r = subprocess.run([sys.executable, "-c", code, self.address], env=self.env,
+                               capture_output=True, text=True, timeout=60)
+            if r.returncode == 0 and r.stdout.strip().splitlines()[-1:] == [str(n)]:
+                return
+            time.sleep(2)
+        raise TimeoutError(f"{n} Ray nodes not up after {timeout} s")
+
+    def stop(self) -> None:
+        """SIGTERM to each `ray start --block` group (it stops its own node), then SIGKILL."""
+        for p in reversed(self.procs):
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for p in reversed(self.procs):
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)

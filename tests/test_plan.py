@@ -1,0 +1,68 @@
+"""Placement strategy and concurrency limits against cluster shapes, and copying a run to
+shared storage."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from raybench.grid import expand
+from raybench.plan import NODE_TOKEN, concurrency_limit, strategy
+from raybench.results import publish
+from raybench.spec import load_sweep
+
+SWEEP = """
+name: p
+system: {label: s}
+workload: {name: resnet, depth: 18, image_size: 32, batch_size: 4}
+hardware: {num_gpus: 1, cpus_per_worker: 4}
+grid: {num_gpus: %s}
+"""
+DGX = {"CPU": 256.0, "GPU": 8.0, NODE_TOKEN: 1.0}
+
+
+def trials(write_sweep, gpus):
+    return expand(load_sweep(write_sweep(SWEEP % gpus)))
+
+
+def test_a_trial_is_packed_when_one_node_holds_it_and_spread_otherwise(write_sweep):
+    t1, t8, t16 = trials(write_sweep, "[1, 8, 16]")
+    two = [DGX, DGX]
+    assert strategy(t8, two, "auto", "exclusive") == "PACK"
+    assert strategy(t16, two, "auto", "exclusive") == "SPREAD"
+    assert strategy(t1, two, "spread", "exclusive") == "SPREAD"
+    assert strategy(t16, two, "auto", "per_node") == "STRICT_PACK"
+
+
+def test_concurrency_limits(write_sweep):
+    one_gpu = trials(write_sweep, "[1]")
+    assert concurrency_limit(one_gpu, [DGX, DGX], "exclusive")[0] == 1
+    assert concurrency_limit(one_gpu, [DGX, DGX], "pack")[0] == 16  # every GPU busy
+    assert concurrency_limit(one_gpu, [DGX, DGX], "per_node")[0] == 2  # one trial per node
+    # the largest trial of the grid bounds the limit: 4-GPU trials fit twice per DGX
+    mixed = trials(write_sweep, "[1, 4]")
+    limit, why = concurrency_limit(mixed, [DGX, DGX], "pack")
+    assert limit == 4 and "pack: 4 trials" in why
+    # CPUs bind before GPUs: 3 CPUs hold two 1-CPU workers plus two Tune trials' 0.01 CPU...
+    small = [{"CPU": 3.0, "GPU": 4.0}]
+    cpu1 = expand(load_sweep(write_sweep((SWEEP % "[1]").replace("cpus_per_worker: 4",
+                                                                   "cpus_per_worker: 1"))))
+    assert concurrency_limit(cpu1, small, "pack")[0] == 2
+    # ...and nodes without the per-node token hold no per_node trial
+    assert concurrency_limit(one_gpu, [{"CPU": 256.0, "GPU": 8.0}], "per_node")[0] == 1
+
+
+def test_publish_copies_the_run_directory(tmp_path):
+    out = tmp_path / "results" / "sweep" / "run1"
+    (out / "trials").mkdir(parents=True)
+    pd.DataFrame({"a": [1]}).to_parquet(out / "results.parquet")
+    (out / "trials" / "0000_k.json").write_text("{}")
+    (out / "ray").mkdir()
+    (out / "ray" / "local-only").write_text("x")
+    dest = publish(out, f"file://{tmp_path}/shared", "sweep")
+    assert dest == f"file://{tmp_path}/shared/sweep/run1"
+    copied = tmp_path / "shared" / "sweep" / "run1"
+    assert pd.read_parquet(copied / "results.parquet")["a"].tolist() == [1]
+    assert (copied / "trials" / "0000_k.json").read_text() == "{}"
+    assert not (copied / "ray").exists()
+    assert publish(out, str(tmp_path / "plain"), "sweep").endswith("plain/sweep/run1")
+    assert (tmp_path / "plain" / "sweep" / "run1" / "results.parquet").is_file()
