@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import pandas as pd
+import plotly
 import plotly.graph_objects as go
 
 from raybench.report.assess import (
@@ -175,10 +176,41 @@ def accuracy_vs_throughput(df: pd.DataFrame) -> go.Figure | None:
     part = ok[ok[key].notna()]
     varied = varied_columns(ok)
     fig = go.Figure(go.Scatter(
-        x=part[THROUGHPUT], y=part[key], mode="markers",
+        x=part[THROUGHPUT], y=part[key], mode="markers+text", textposition="top center",
         text=[config_label(r, varied) for r in part.to_dict("records")],
         hovertemplate="%{text}<br>%{x:.1f} samples/s, %{y:.3f}<extra></extra>"))
     fig.update_layout(title=f"{key} vs throughput", xaxis_title="samples/s", yaxis_title=key)
+    return fig
+
+
+def epoch_curves(details: dict[str, dict[str, Any]]) -> go.Figure | None:
+    """Epoch-based trials: accuracy after each epoch and each epoch's training time."""
+    from plotly.subplots import make_subplots
+
+    runs = []
+    for key, d in details.items():
+        rank0 = next((r for r in d.get("records", []) if r.get("rank") == 0), None)
+        epochs = (rank0 or {}).get("epochs") or []
+        acc = next((k for k in ACCURACY_KEYS if any(e.get(k) is not None for e in epochs)), None)
+        if epochs:
+            runs.append((key, epochs, acc))
+    if not runs:
+        return None
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True,
+                        subplot_titles=("accuracy after each epoch", "training time per epoch (s)"))
+    palette = plotly.colors.qualitative.Plotly
+    for i, (key, epochs, acc) in enumerate(runs):
+        x = [e["epoch"] for e in epochs]
+        line = {"color": palette[i % len(palette)]}  # one colour per trial in both panels
+        if acc:
+            fig.add_trace(go.Scatter(x=x, y=[e.get(acc) for e in epochs], mode="lines+markers",
+                                     name=f"{key} {acc}", legendgroup=key, line=line),
+                          row=1, col=1)
+        fig.add_trace(go.Scatter(x=x, y=[e["train_s"] for e in epochs], mode="lines+markers",
+                                 name=key, legendgroup=key, showlegend=not acc, line=line),
+                      row=2, col=1)
+    fig.update_layout(title="Training by epoch", height=640)
+    fig.update_xaxes(title_text="epoch", dtick=1, row=2, col=1)
     return fig
 
 
@@ -232,7 +264,8 @@ def all_figures(df: pd.DataFrame, details: dict[str, dict[str, Any]]
         ("memory", memory_vs_batch(df)), ("pareto", memory_vs_throughput(df)),
         ("steps", step_time_distributions(details, df)), ("ranks", rank_skew(details)),
         ("telemetry", gpu_timelines(details)),
-        ("accuracy", accuracy_vs_throughput(df)), ("preprocess", preprocess_stage(df)),
+        ("accuracy", accuracy_vs_throughput(df)), ("epochs", epoch_curves(details)),
+        ("preprocess", preprocess_stage(df)),
         ("comparison", comparison_per_rank(df)),
     ]
     return [(name, fig) for name, fig in candidates if fig is not None]

@@ -163,3 +163,14 @@ def test_gpu_timelines_from_trial_telemetry():
     assert len(fig.data) == 4  # utilisation and power for each rank
     assert list(fig.data[1].y)[:2] == [300.0, 300.0]
     assert fig.data[0].x[0] == 0.0
+
+
+def test_epoch_curves_from_rank0_epochs():
+    assert figures.epoch_curves({"k": {"records": [{"rank": 0, "epochs": None}]}}) is None
+    epochs = [{"epoch": 1, "train_s": 30.0, "xview3/aggregate": 0.1},
+              {"epoch": 2, "train_s": 28.0, "xview3/aggregate": 0.4}]
+    details = {"k": {"records": [{"rank": 1, "epochs": []}, {"rank": 0, "epochs": epochs}]}}
+    fig = figures.epoch_curves(details)
+    assert len(fig.data) == 2
+    assert list(fig.data[0].y) == [0.1, 0.4] and list(fig.data[1].y) == [30.0, 28.0]
+    assert fig.data[0].name == "k xview3/aggregate"
