@@ -47,6 +47,7 @@ def test_sweep_plans_on_a_cluster_shaped_like_its_system(path: Path):
 
 def test_blocked_worker_group_gives_up_quickly(tmp_path, write_sweep):
     """Resources exist but are held: Ray Train's start deadline must end the trial, once."""
+    from raybench.spec import ExecutionSpec
     from raybench.trial import run_trial
 
     (trial,) = expand(load_sweep(write_sweep(), ["grid={}"]))
@@ -55,7 +56,8 @@ def test_blocked_worker_group_gives_up_quickly(tmp_path, write_sweep):
         hog = placement_group([{"CPU": 2}])
         ray.get(hog.ready(), timeout=30)
         t0 = time.monotonic()
-        out = run_trial(trial, tmp_path, start_timeout_s=5)
+        out = run_trial(trial, str(tmp_path / "ray"), str(tmp_path / "trials"),
+                        ExecutionSpec(start_timeout_s=5))
         elapsed = time.monotonic() - t0
         remove_placement_group(hog)
     finally:
