@@ -70,7 +70,7 @@ class Workload(ABC):
 
     def epoch_steps(self) -> int:
         """Steps in one epoch on this rank, the same on every rank (epoch-based workloads)."""
-        raise NotImplementedError
+        raise TypeError(f"workload {self.name} is not epoch-based: it has no epochs to count")
 
     def end_epoch(self, epoch: int) -> dict[str, Any]:
         """Called on every rank after each epoch, outside the timing; returns that epoch's
