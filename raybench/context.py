@@ -63,6 +63,32 @@ class WorkerContext:
         self.synchronize()
         self.phase_s.setdefault(name, []).append(time.perf_counter() - start)
 
+    def set_math_mode(self) -> None:
+        """FP32 matmuls and convolutions in IEEE FP32, or in TF32 for `precision: tf32`.
+
+        PyTorch's defaults differ by op (cuDNN convolutions in TF32, matmuls in FP32), so an
+        "fp32" ResNet would run on the TF32 tensor cores and a ViT would not, and neither
+        figure would match its row's label or its MFU peak. Set per trial because the flags are
+        process-wide and the in-process runner runs many trials in one process."""
+        mode = "tf32" if self.hardware.precision == "tf32" else "ieee"
+        if hasattr(torch.backends.cuda.matmul, "fp32_precision"):  # torch >= 2.9
+            torch.backends.cuda.matmul.fp32_precision = mode
+            torch.backends.cudnn.conv.fp32_precision = mode
+            torch.backends.cudnn.rnn.fp32_precision = mode
+        else:
+            torch.backends.cuda.matmul.allow_tf32 = mode == "tf32"
+            torch.backends.cudnn.allow_tf32 = mode == "tf32"
+
+    @property
+    def inference_dtype(self) -> torch.dtype | None:
+        """The dtype a forward-only workload casts its model and inputs to (None: fp32/tf32).
+
+        Inference runs in the low precision throughout, as it is deployed, rather than under
+        autocast: autocast recasts every weight on every call and turns off PyTorch's fused
+        transformer inference path, which on an H100 left a ViT-L forward CPU-bound near 20 ms
+        at any tile and batch size (measured, docs/results/)."""
+        return _AUTOCAST_DTYPES.get(self.hardware.precision)
+
     def autocast(self) -> contextlib.AbstractContextManager:
         dtype = _AUTOCAST_DTYPES.get(self.hardware.precision)
         if dtype is None:

@@ -14,18 +14,34 @@ import copy
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-# Dense (no sparsity) peak TFLOP/s per GPU by precision. "fp32" means plain FP32 (no TF32);
-# amp_fp16 and bf16 use the tensor-core FP16/BF16 figure.
+# Dense (no sparsity) peak TFLOP/s per GPU by precision, from NVIDIA's datasheets, which quote
+# tensor-core figures "with sparsity": the dense figure is half of it. "fp32" is plain FP32 on the
+# CUDA cores (raybench turns TF32 off for it, see context.set_math_mode), "tf32" the TF32 tensor
+# cores, amp_fp16 and bf16 the FP16/BF16 tensor cores.
 PEAK_TFLOPS: dict[str, dict[str, float]] = {
-    # NVIDIA A100 Tensor Core GPU datasheet: FP32 19.5, BF16/FP16 tensor 312 (dense).
-    "A100": {"fp32": 19.5, "amp_fp16": 312.0, "bf16": 312.0},
-    # NVIDIA H100 datasheet, SXM5: FP32 67, BF16/FP16 tensor 989 (dense; 1,979 with sparsity).
-    "H100 80GB HBM3": {"fp32": 67.0, "amp_fp16": 989.0, "bf16": 989.0},
-    "H100 SXM": {"fp32": 67.0, "amp_fp16": 989.0, "bf16": 989.0},
-    # NVIDIA H100 datasheet, PCIe: FP32 51, BF16/FP16 tensor 756 (dense).
-    "H100 PCIe": {"fp32": 51.0, "amp_fp16": 756.0, "bf16": 756.0},
-    # NVIDIA H200 datasheet, SXM: same compute as H100 SXM (FP32 67, BF16/FP16 989 dense).
-    "H200": {"fp32": 67.0, "amp_fp16": 989.0, "bf16": 989.0},
+    # A100 Tensor Core GPU datasheet (SXM and PCIe alike): FP32 19.5, TF32 156, BF16/FP16 312.
+    "A100": {"fp32": 19.5, "tf32": 156.0, "amp_fp16": 312.0, "bf16": 312.0},
+    # H100 Tensor Core GPU datasheet, H100 SXM column: FP32 67, TF32 989*, BF16/FP16 1,979*
+    # (* with sparsity). The SXM part names itself "NVIDIA H100 80GB HBM3".
+    "H100 80GB HBM3": {"fp32": 67.0, "tf32": 494.5, "amp_fp16": 989.5, "bf16": 989.5},
+    "H100 SXM": {"fp32": 67.0, "tf32": 494.5, "amp_fp16": 989.5, "bf16": 989.5},
+    # Same datasheet, H100 PCIe column: FP32 51, TF32 756*, BF16/FP16 1,513*.
+    "H100 PCIe": {"fp32": 51.0, "tf32": 378.0, "amp_fp16": 756.5, "bf16": 756.5},
+    # H200 Tensor Core GPU datasheet, H200 SXM column: FP32 67, TF32 989*, BF16/FP16 1,979*.
+    "H200": {"fp32": 67.0, "tf32": 494.5, "amp_fp16": 989.5, "bf16": 989.5},
+    # NVIDIA's GB200 NVL72 / HGX B200 specifications, "individual Blackwell GPU" rows (tensor
+    # figures with sparsity). HGX B200: FP32 75, TF32 2.2 PF*, FP16/BF16 4.5 PF*.
+    "B200": {"fp32": 75.0, "tf32": 1100.0, "amp_fp16": 2250.0, "bf16": 2250.0},
+    # GB200 NVL72 (the GPU at up to 1,200 W): FP32 80, TF32 2.5 PF*, FP16/BF16 5 PF*. The device
+    # names itself "NVIDIA GB200", and the longest matching key wins over "B200".
+    "GB200": {"fp32": 80.0, "tf32": 1250.0, "amp_fp16": 2500.0, "bf16": 2500.0},
+    # GeForce RTX 3080 Ti Laptop GPU: no datasheet gives TFLOP/s, so the figure is derived: 58 SMs
+    # (7,424 CUDA cores) at the top of NVIDIA's published boost range (1,590 MHz; laptops ship
+    # 1,125-1,590 by power limit) times the GA10x per-SM rates of the NVIDIA Ampere GA102
+    # architecture whitepaper (FP32 256, TF32 256, FP16/BF16 with FP32 accumulate 512 FLOP per
+    # clock, dense). A laptop held to a lower power limit runs below this peak, so its MFU reads
+    # lower than the silicon's at full clock.
+    "RTX 3080 Ti Laptop": {"fp32": 23.6, "tf32": 23.6, "amp_fp16": 47.2, "bf16": 47.2},
 }
 
 

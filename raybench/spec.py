@@ -19,7 +19,7 @@ from raybench.data.stage import PreprocessSpec
 from raybench.search import SearchSpec
 from raybench.workloads import WorkloadParams
 
-Precision = Literal["fp32", "amp_fp16", "bf16"]
+Precision = Literal["fp32", "tf32", "amp_fp16", "bf16"]
 
 
 class SpecError(ValueError):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import platform
+import re
 import shutil
 import socket
 import subprocess
@@ -45,12 +46,16 @@ def collect(cluster: dict[str, Any] | None = None) -> dict[str, Any]:
     }
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
 def _command(cmd: list[str]) -> str | None:
     """A tool's output where the tool exists (nvidia-smi on GPU nodes), else None."""
     if shutil.which(cmd[0]) is None:
         return None
     try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=20).stdout or None
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=20).stdout
+        return _ANSI.sub("", out) or None  # `topo -m` underlines its header with escapes
     except (OSError, subprocess.SubprocessError):
         return None
 

@@ -46,6 +46,7 @@ def measure_rank(trial: TrialSpec, ctx: WorkerContext) -> dict[str, Any]:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(ctx.device)
     reset_peak_rss()
+    ctx.set_math_mode()
     if ctx.is_cuda:
         # the budget is a hard cap on GPU (allocations beyond it raise out-of-memory); set on
         # every trial, so a budget never outlives its trial in an in-process runner
@@ -214,7 +215,9 @@ def _flops(workload: workloads.Workload) -> float | None:
     if not shape:
         return None
     try:
-        return flops_per_sample(workload.model, torch.zeros(1, *shape), workload.trains)
+        dtype = next(workload.model.parameters()).dtype  # a bf16 inference model takes bf16
+        return flops_per_sample(workload.model, torch.zeros(1, *shape, dtype=dtype),
+                                workload.trains)
     except Exception as e:  # an op the counter cannot trace: MFU stays unknown, not wrong
         log.info("FLOP count unavailable (%s: %s)", type(e).__name__, e)
         return None

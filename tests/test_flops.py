@@ -25,11 +25,16 @@ def test_resnet50_224_matches_published_count():
 def test_peak_table_and_unknowns():
     assert peak_tflops("NVIDIA A100-SXM4-80GB", "bf16") == 312.0
     assert peak_tflops("NVIDIA H100 80GB HBM3", "fp32") == 67.0
-    assert peak_tflops("NVIDIA H100 PCIe", "bf16") == 756.0
+    assert peak_tflops("NVIDIA H100 PCIe", "bf16") == 756.5
+    assert peak_tflops("NVIDIA H100 80GB HBM3", "tf32") == 494.5
+    assert peak_tflops("NVIDIA B200", "bf16") == 2250.0
+    assert peak_tflops("NVIDIA GB200", "bf16") == 2500.0  # longest key, not "B200"
+    assert peak_tflops("NVIDIA GeForce RTX 3080 Ti Laptop GPU", "amp_fp16") == 47.2
+    assert peak_tflops("NVIDIA GeForce RTX 3080 Ti", "bf16") is None  # the desktop card differs
     assert peak_tflops("cpu", "fp32") is None
     assert peak_tflops(None, "bf16") is None
     achieved, util = mfu(8e9, 10_000.0, "NVIDIA H100 80GB HBM3", "bf16")
-    assert achieved == pytest.approx(80.0) and util == pytest.approx(80.0 / 989.0)
+    assert achieved == pytest.approx(80.0) and util == pytest.approx(80.0 / 989.5)
     assert mfu(8e9, 10_000.0, "Some Future GPU", "bf16") == (pytest.approx(80.0), None)
     assert mfu(None, 10.0, "NVIDIA A100", "bf16") == (None, None)
 

@@ -39,7 +39,7 @@ def test_wrong_type_names_path_value_and_type(write_sweep):
 def test_literal_choice_error(write_sweep):
     path = write_sweep("name: x\nsystem: {label: a}\nworkload: {name: resnet}\n"
                        "hardware: {precision: fp8}\n")
-    with pytest.raises(SpecError, match=r"hardware.precision='fp8'.*'fp32', 'amp_fp16' or 'bf16'"):
+    with pytest.raises(SpecError, match=r"hardware.precision='fp8'.*'fp32', 'tf32', 'amp_fp16' or 'bf16'"):
         load_sweep(path)
 
 

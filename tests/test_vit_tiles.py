@@ -106,8 +106,8 @@ def test_cpu_tile_sweep_fills_every_column(tmp_path, capsys):
         if col in cuda_only:
             assert df[col].isna().all(), col  # empty on CPU
         elif col.startswith(("train/", "model/", "host/")) and col not in (
-                "train/repeat_cv_pct", "train/loss_final", "train/backward_mean_ms",
-                "train/backward_std_ms", "train/optimizer_mean_ms", "train/optimizer_std_ms"):
+                "train/repeat_cv_pct", "train/loss_final") and not col.startswith(
+                ("train/backward_", "train/optimizer_")):  # train-mode phases only
             assert df[col].notna().all(), col
     train = df[df["workload.mode"] == "train"]
     assert train["train/backward_mean_ms"].notna().all()
@@ -122,3 +122,43 @@ def test_forward_time_agrees_with_torch_benchmark_timer(write_sweep):
     result = forward_check(t)
     assert result["timer_runs"] >= 5
     assert 0.6 < result["ratio"] < 1.6, result
+    assert 0.6 < result["ratio_p50"] < 1.6, result
+
+
+def test_bf16_inference_casts_model_and_input_training_keeps_fp32(write_sweep):
+    from raybench.context import WorkerContext
+    from raybench.workloads.vit_tiles import VitTiles
+
+    for mode, dtype in [("inference", torch.bfloat16), ("train", torch.float32)]:
+        t = trial(write_sweep, "workload.tile=64", f"workload.mode={mode}",
+                  "hardware.precision=bf16")
+        w = VitTiles(t.workload, WorkerContext(0, 0, 1, 0, torch.device("cpu"), t.hardware))
+        w.setup()
+        assert next(w.model.parameters()).dtype == dtype and w._batch[0].dtype == dtype
+        if mode == "inference":
+            assert w.infer(w._batch[0]).dtype == torch.bfloat16
+
+
+def test_cuda_graphs_only_for_gpu_inference(write_sweep):
+    with pytest.raises(Exception, match="cuda_graphs captures the inference forward only"):
+        trial(write_sweep, "workload.mode=train", "workload.cuda_graphs=true")
+    out = run_local(trial(write_sweep, "workload.tile=64", "workload.cuda_graphs=true"))
+    assert out["status"] == "error" and "needs a GPU trial" in out["error"]
+
+
+@pytest.mark.gpu
+def test_cuda_graph_replay_matches_eager(write_sweep):
+    from raybench.context import WorkerContext
+    from raybench.workloads.vit_tiles import VitTiles
+
+    outs = []
+    for graphs in ("false", "true"):
+        t = trial(write_sweep, "workload.tile=64", "hardware.num_gpus=1",
+                  "hardware.precision=bf16", f"workload.cuda_graphs={graphs}")
+        w = VitTiles(t.workload, WorkerContext(0, 0, 1, 0, torch.device("cuda", 0), t.hardware))
+        w.setup()
+        outs.append(w.infer(w._batch[0]).float().cpu())
+    assert torch.allclose(outs[0], outs[1], atol=1e-2, rtol=1e-2)
+    out = run_local(trial(write_sweep, "workload.tile=64", "hardware.num_gpus=1",
+                          "workload.cuda_graphs=true"))
+    assert out["status"] == "ok", out.get("error")

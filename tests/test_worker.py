@@ -36,11 +36,20 @@ def test_record_has_every_field(write_sweep):
     assert r["loss_final"] > 0
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16", "amp_fp16"])
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16", "amp_fp16"])
 def test_precisions_run_on_cpu(write_sweep, precision):
     trial = one_trial(write_sweep, f"hardware.precision={precision}")
     r = measure_rank(trial, cpu_ctx(trial))
     assert r["loss_final"] == r["loss_final"]  # not NaN
+
+
+def test_math_mode_follows_precision_not_pytorch_defaults(write_sweep):
+    # PyTorch's default runs cuDNN convolutions in TF32: an fp32 row must not
+    for precision, mode in [("tf32", "tf32"), ("fp32", "ieee"), ("bf16", "ieee")]:
+        trial = one_trial(write_sweep, f"hardware.precision={precision}")
+        cpu_ctx(trial).set_math_mode()
+        assert torch.backends.cuda.matmul.fp32_precision == mode
+        assert torch.backends.cudnn.conv.fp32_precision == mode
 
 
 def test_autocast_dtype_applies(write_sweep):
@@ -106,7 +115,7 @@ def test_local_runner_gpu_trial_without_gpu_is_infeasible(write_sweep):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("precision", ["fp32", "amp_fp16", "bf16"])
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "amp_fp16", "bf16"])
 def test_cuda_trial_reports_memory(write_sweep, precision):
     trial = one_trial(write_sweep, "hardware.num_gpus=1", f"hardware.precision={precision}",
                       "hardware.channels_last=true")

@@ -78,6 +78,7 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         ms = np.concatenate([np.asarray(r["phase_s"].get(name, [])) * 1e3 for r in records])
         out[f"train/{name}_mean_ms"] = float(ms.mean())
         out[f"train/{name}_std_ms"] = float(ms.std(ddof=1)) if ms.size > 1 else 0.0
+        out[f"train/{name}_p50_ms"] = float(np.median(ms))
     out["train/input_bound"] = out["train/data_wait_pct"] > INPUT_BOUND_PCT
     achieved, util = mfu(first.get("flops_per_sample"), out["train/samples_per_s_per_worker"],
                          first.get("device_name"), first.get("precision", "fp32"))

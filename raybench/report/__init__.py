@@ -17,6 +17,7 @@ import pandas as pd
 from raybench.report import figures, page
 from raybench.report.assess import (
     THROUGHPUT,
+    rate_text,
     recommend,
     regressions,
     varied_columns,
@@ -54,12 +55,14 @@ def model(runs: list[dict[str, Any]], memory_budget_mb: float | None = None) -> 
         s = r["system"]
         versions = s.get("versions", {})
         gpus = ", ".join(g.get("name", "?") for g in s.get("gpus", [])) or "no GPU"
-        res = s.get("cluster", {}).get("resources", {})
+        cluster = s.get("cluster", {})
+        res = cluster.get("resources")
+        where = (f"cluster {res.get('CPU', '?')} CPUs / {res.get('GPU', 0)} GPUs" if res
+                 else cluster.get("mode", "cluster unknown"))  # bench run: "in-process, no Ray"
         header.append(
             f"run {Path(r['dir']).name}: system {_first(r['frame'], 'system')}, host "
             f"{s.get('host', '?')}, {gpus}, CPU {s.get('cpu', {}).get('model', '?')}; "
-            f"cluster {res.get('CPU', '?')} CPUs / {res.get('GPU', 0)} GPUs; "
-            f"started {_first(r['frame'], 'start_time')}; ray {versions.get('ray')}, "
+            f"{where}; started {_first(r['frame'], 'start_time')}; ray {versions.get('ray')}, "
             f"torch {versions.get('torch')}, CUDA {s.get('cuda', {}).get('torch_cuda')}")
     return {
         "title": " vs ".join(sweeps) if len(runs) > 1 else sweeps[0],
@@ -93,7 +96,7 @@ def markdown(m: dict[str, Any]) -> str:
     lines = [f"# {m['title']}", "", *[f"- {h}" for h in m["header"]], "", "## Recommendations", ""]
     for key, pick in m["recommendations"].items():
         if isinstance(pick, dict):
-            lines.append(f"- {key}: {pick['label']}: {pick['samples_per_s']:.1f} samples/s")
+            lines.append(f"- {key}: {pick['label']}: {rate_text(pick)}")
     lines += ["", "## Trials", "", "| " + " | ".join(m["columns"]) + " |",
               "|" + " --- |" * len(m["columns"])]
     for r in m["rows"]:

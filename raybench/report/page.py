@@ -15,6 +15,8 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
+from raybench.report.assess import rate_text
+
 STYLE = """
 body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1400px}
 h1{margin-bottom:4px} .meta{color:#555;font-size:14px}
@@ -87,7 +89,7 @@ def _recommendations(rec: dict[str, Any]) -> str:
                 text = "this workload reports no accuracy"
         else:
             mem = pick.get("peak_memory_mb")
-            text = (f"{pick['label']}: {pick['samples_per_s']:.1f} samples/s"
+            text = (f"{pick['label']}: {rate_text(pick)}"
                     + (f", peak {mem:.0f} MB" if mem else "") + f" (trial {pick['trial_key']})")
         out.append(f"<div class='rec'><b>{e(title)}</b>: {e(text)}</div>")
     return "".join(out)

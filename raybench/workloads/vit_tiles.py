@@ -2,10 +2,11 @@
 
 Owns the model (a ViT encoder over multispectral tiles, patch 16, sizes tiny / base / large /
 huge after ViT-Ti/B/L/H, with a light transposed-convolution decoder back to per-pixel output;
-random weights), its two modes (`inference`: forward under no_grad; `train`: forward, backward,
-AdamW step) with forward / backward / optimizer times recorded through `ctx.phase`, and the
-pixel count the metrics turn into pixels/s. Inputs are one random batch resident on the device:
-the question here is compute and memory, not the input pipeline.
+random weights), its two modes (`inference`: forward under no_grad, model and input cast to the
+precision's dtype, optionally replayed as a CUDA graph; `train`: forward under autocast,
+backward, AdamW step) with forward / backward / optimizer times recorded through `ctx.phase`,
+and the pixel count the metrics turn into pixels/s. Inputs are one random batch resident on the
+device: the question here is compute and memory, not the input pipeline.
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ class VitTilesParams(WorkloadParams):
     decoder_channels: int = Field(256, ge=8)
     mode: Literal["inference", "train"] = "inference"
     lr: float = Field(1e-4, gt=0)
+    cuda_graphs: bool = Field(
+        False, description="inference on a GPU: replay the forward as one captured CUDA graph, "
+        "as deployed inference does; without it a small ViT-L forward is bound by the host's "
+        "kernel launches, not the GPU")
 
     @model_validator(mode="after")
     def _tile(self) -> VitTilesParams:
@@ -43,6 +48,9 @@ class VitTilesParams(WorkloadParams):
         steps = (self.patch & (self.patch - 1)) == 0
         if not steps:
             raise ValueError(f"patch {self.patch} must be a power of two for the decoder")
+        if self.cuda_graphs and self.mode != "inference":
+            raise ValueError("cuda_graphs captures the inference forward only: set mode: "
+                             "inference, or cuda_graphs: false for training")
         return self
 
 
@@ -92,11 +100,19 @@ class VitTiles(Workload):
         self._model = TileViT(p)
         training = p.mode == "train"
         self._model.train(training)
+        dtype = None if training else ctx.inference_dtype  # training: autocast, fp32 weights
+        if dtype is not None:
+            self._model.to(dtype)
         self.net = ctx.prepare_model(self._model)
         g = torch.Generator().manual_seed(p.seed)
         x = torch.randn(p.batch_size, p.bands, p.tile, p.tile, generator=g)
+        if dtype is not None:
+            x = x.to(dtype)
         y = torch.randint(0, p.num_classes, (p.batch_size, p.tile, p.tile), generator=g)
         self._batch = (ctx.prepare_images(x), y.to(ctx.device))
+        self._graph: torch.cuda.CUDAGraph | None = None
+        if p.cuda_graphs:
+            self._capture()
         if training:
             self.opt = torch.optim.AdamW(self.net.parameters(), lr=p.lr)
             self.scaler = ctx.grad_scaler()
@@ -120,8 +136,8 @@ class VitTiles(Workload):
         images, labels = batch
         ctx = self.ctx
         if self.params.mode == "inference":
-            with torch.no_grad(), ctx.autocast(), ctx.phase("forward"):
-                self.net(images)
+            with ctx.phase("forward"):
+                self.infer(images)
             return None
         self.opt.zero_grad(set_to_none=True)
         with ctx.phase("forward"), ctx.autocast():
@@ -135,6 +151,28 @@ class VitTiles(Workload):
             else:
                 self.opt.step()
         return loss.detach()
+
+    def infer(self, images: torch.Tensor) -> torch.Tensor:
+        """One inference forward, exactly as timed (bench forward-check times this call too)."""
+        if self._graph is not None:  # the captured forward reads the one resident batch
+            self._graph.replay()
+            return self._out
+        with torch.no_grad():
+            return self.net(images)
+
+    def _capture(self) -> None:
+        if not self.ctx.is_cuda:
+            raise ValueError("workload.cuda_graphs needs a GPU trial (hardware.num_gpus >= 1)")
+        images = self._batch[0]
+        side = torch.cuda.Stream(self.ctx.device)
+        side.wait_stream(torch.cuda.current_stream(self.ctx.device))
+        with torch.cuda.stream(side), torch.no_grad():  # PyTorch's recipe: warm up off-stream
+            for _ in range(3):
+                self.net(images)
+        torch.cuda.current_stream(self.ctx.device).wait_stream(side)
+        self._graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self._graph), torch.no_grad():
+            self._out = self.net(images)
 
     @property
     def model(self) -> torch.nn.Module:

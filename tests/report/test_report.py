@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from raybench.report import figures, model, page
-from raybench.report.assess import recommend, validity
+from raybench.report.assess import config_label, recommend, validity, varied_columns
 
 
 def row(key, batch, world, thr, mem=None, rss=1000.0, status="ok", cv=2.0, steps=50, **kw):
@@ -33,6 +33,10 @@ def test_validity_reasons():
     assert validity(row("a", 1, 1, 1.0, status="oom")) == ["out of memory"]
     assert "CV 25.0% > 10%" in validity(row("a", 1, 1, 1.0, cv=25.0))[0]
     assert "only 4 measured steps" in validity(row("a", 1, 1, 1.0, steps=4))[0]
+    # with repeats, the windows' spread is judged, not bursty steps
+    assert validity({**row("a", 1, 1, 1.0, cv=25.0), "train/repeat_cv_pct": 1.1}) == []
+    assert "across repeats 6.0% > 5%" in validity(
+        {**row("a", 1, 1, 1.0, cv=2.0), "train/repeat_cv_pct": 6.0})[0]
     assert "throttled" in validity({**row("a", 1, 1, 1.0), "gpu/throttled": True})[0]
 
 
@@ -43,6 +47,26 @@ def test_recommendations_skip_invalid_and_respect_budget():
     assert rec["best_accuracy_per_s"] is None
     scored = FRAME.assign(**{"det/map50": [0.5, 0.4, 0.5, 0.2, None, 0.9]})
     assert recommend(scored)["best_accuracy_per_s"]["trial_key"] == "c"  # 0.5 x 190
+
+
+def test_measure_columns_that_follow_an_axis_are_not_axes():
+    df = pd.DataFrame({"workload.mode": ["inference", "inference", "train", "train"],
+                       "workload.tile": [256, 512, 256, 512],
+                       "measure.warmup_steps": [10, 10, 5, 5],  # set per mode
+                       "hardware.num_gpus": [1, 1, 1, 1]})
+    assert varied_columns(df) == ["workload.mode", "workload.tile"]
+    assert config_label(df.iloc[0].to_dict(), varied_columns(df)) == "mode=inference, tile=256"
+    swept = pd.concat([df.assign(**{"measure.measure_steps": n}) for n in (20, 50)])
+    assert varied_columns(swept)[-1] == "measure.measure_steps"  # swept on its own: an axis
+
+
+def test_tiles_are_ranked_by_pixels_not_tiles():
+    small = {**row("s", 8, 1, 978.0), "workload.tile": 384, "train/pixels_per_s": 978.0 * 384**2}
+    large = {**row("l", 8, 1, 602.0), "workload.tile": 512, "train/pixels_per_s": 602.0 * 512**2}
+    rec = recommend(pd.DataFrame([small, large]))
+    assert rec["ranked_by"] == "train/pixels_per_s" and rec["fastest"]["trial_key"] == "l"
+    assert "(157.8 Mpx/s)" in page.rate_text(rec["fastest"])
+    assert recommend(FRAME)["ranked_by"] == "train/samples_per_s"  # no pixel counts
 
 
 def test_pareto_front():
