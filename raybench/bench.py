@@ -49,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--set", action="append", default=[], metavar="dotted.key=value")
     run.add_argument("--trials", help="comma-separated trial indices (default: all)")
     run.add_argument("--output", help="run directory (default as for raybench.sweep)")
+    run.add_argument("--resume", action="store_true",
+                     help="finish an interrupted run; trials that have a row are not rerun")
     over = sub.add_parser("overhead", help="bare PyTorch loop vs a raybench trial")
     over.add_argument("sweep", nargs="?", default="sweeps/overhead_cpu.yaml")
     over.add_argument("--set", action="append", default=[], metavar="dotted.key=value")
@@ -96,15 +98,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.trials:
         wanted = {int(i) for i in args.trials.split(",")}
         trials = [t for t in trials if t.index in wanted]
-    out = cli.output_dir(spec, args.output)
+    out = cli.output_dir(spec, args.output, args.resume)
     if out is None:
         return cli.EXIT_INVALID
     t0 = time.monotonic()
     write_run_files(out, spec, {"mode": "in-process, no Ray"})
     history = History(history_root(spec, args.output))
     writer = RowWriter(spec, out.name, ResultsTable(out), history)
+    if not spec.search:  # a resumed search replays its probes' rows (run_and_write)
+        trials = [t for t in trials if t.key not in writer.done]
 
     def run_and_write(trial: TrialSpec) -> dict[str, Any]:
+        if trial.key in writer.outcomes:  # a resumed search's probe that already has a row
+            return writer.outcomes[trial.key]
         start = now()
         outcome = run_local(trial, str(out / "trials"))
         outcome.update(start_time=start, end_time=now())

@@ -1,7 +1,8 @@
 """Entry-point plumbing shared by `raybench.sweep` and `raybench.bench`.
 
 Owns logging set-up (once, by the entry point), turning input errors into one paragraph on
-stderr with exit code 2, and the closing `{"raybench": summary}` line with exit 0 or 3.
+stderr with exit code 2, and the closing `{"raybench": summary}` line with exit 0 or 3 (or
+128 + the signal's number when the sweep was interrupted: 130 for Ctrl-C, 143 for SIGTERM).
 """
 
 from __future__ import annotations
@@ -35,9 +36,9 @@ def load(path: str, overrides: list[str]) -> tuple[SweepSpec, list[TrialSpec]] |
         return None
 
 
-def output_dir(spec: SweepSpec, override: str | None) -> Path | None:
+def output_dir(spec: SweepSpec, override: str | None, resume: bool = False) -> Path | None:
     try:
-        return run_directory(spec, override)
+        return run_directory(spec, override, resume)
     except SpecError as e:
         print(f"raybench: {e}", file=sys.stderr)
         return None
@@ -46,4 +47,6 @@ def output_dir(spec: SweepSpec, override: str | None) -> Path | None:
 def finish(summary: dict[str, Any]) -> int:
     """Print the machine-readable last line; 0 when every trial is ok, else 3."""
     print(json.dumps({"raybench": summary}), flush=True)
+    if summary.get("interrupted"):
+        return 128 + summary["interrupted"]
     return EXIT_OK if summary["failed"] == 0 else EXIT_TRIALS_FAILED

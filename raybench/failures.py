@@ -1,4 +1,4 @@
-"""Failed trials as result fields: `oom | error | timeout | infeasible` with a readable reason.
+"""Failed trials as result fields: `oom | error | timeout | infeasible | lost` with a reason.
 
 Owns the classification of exceptions (walking causes and Ray Train's per-worker failures), so
 the Ray path (trial.py) and the in-process runner (bench.py) label failures the same way.
@@ -15,6 +15,10 @@ log = logging.getLogger(__name__)
 # CUDA's allocator, the CPU allocator and Python itself word out-of-memory differently.
 OOM_MARKERS = ("out of memory", "OutOfMemoryError", "MemoryError", "can't allocate memory",
                "Cannot allocate memory")
+# How Ray reports a worker process that is gone (killed, crashed, its node lost), as opposed to
+# an exception raised by the training code.
+LOST_NAMES = {"ActorDiedError", "RayActorError", "ActorUnavailableError", "WorkerCrashedError",
+              "NodeDiedError", "WorkerHealthCheckFailedError"}
 
 
 def failure(exc: BaseException, resources: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -34,6 +38,8 @@ def classify(exc: BaseException, text: str) -> str:
         return "infeasible"
     if "TimeoutError" in names:
         return "timeout"
+    if names & LOST_NAMES or "died unexpectedly" in text:
+        return "lost"
     return "error"
 
 

@@ -21,11 +21,12 @@ from typing import Any, Literal
 import pandas as pd
 import yaml
 
+from raybench import interrupts
 from raybench.grid import TrialSpec
 from raybench.spec import SpecError, SweepSpec
 
 log = logging.getLogger(__name__)
-Status = Literal["ok", "oom", "error", "timeout", "infeasible"]
+Status = Literal["ok", "oom", "error", "timeout", "infeasible", "lost"]
 ID_COLUMNS = ["sweep", "run_id", "stage", "trial_index", "trial_key", "system", "start_time",
               "end_time", "status", "error"]
 
@@ -40,9 +41,21 @@ def make_row(*, sweep: str, run_id: str, system: str, trial: TrialSpec, status: 
     }
 
 
-def run_directory(spec: SweepSpec, override: str | None) -> Path:
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    out = Path(override or spec.output.dir or Path(spec.output.root) / spec.name / stamp)
+def run_directory(spec: SweepSpec, override: str | None, resume: bool = False) -> Path:
+    """The run's directory, writable. A new run never reuses a directory that holds rows; with
+    `resume`, the given directory (else the newest run of this sweep under output.root) must
+    hold a run of the same sweep."""
+    explicit = override or spec.output.dir
+    if resume:
+        out = Path(explicit) if explicit else _latest_run(spec)
+        _check_resumable(spec, out)
+    else:
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        out = Path(explicit or Path(spec.output.root) / spec.name / stamp)
+        if (out / "results.parquet").exists():
+            raise SpecError(spec.source, "--output", str(out), "already holds a run "
+                            "(results.parquet)", "add --resume to finish that run, or choose "
+                            "another --output") from None
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".write_test"
@@ -51,7 +64,35 @@ def run_directory(spec: SweepSpec, override: str | None) -> Path:
     except OSError as e:
         raise SpecError(spec.source, "output.dir", str(out), f"cannot be written ({e.strerror})",
                         "choose a writable directory with --output or output.root") from None
+    for stale in out.glob(".*.*"):  # temporaries of a driver killed mid-write: never read
+        if stale.name.startswith((".results.", ".history.")) and stale.is_file():
+            stale.unlink(missing_ok=True)
     return out.resolve()
+
+
+def _latest_run(spec: SweepSpec) -> Path:
+    base = Path(spec.output.root) / spec.name
+    runs = sorted(d for d in base.glob("*") if (d / "sweep.yaml").is_file()) if base.is_dir() \
+        else []
+    if not runs:
+        raise SpecError(spec.source, "--resume", str(base), "holds no earlier run of this sweep",
+                        "run without --resume to start one, or name the run with --output")
+    return runs[-1]
+
+
+def _check_resumable(spec: SweepSpec, out: Path) -> None:
+    """The run in `out` must come from the same sweep (output settings aside)."""
+    saved = out / "sweep.yaml"
+    if not saved.is_file():
+        raise SpecError(spec.source, "--resume", str(out), "holds no run (no sweep.yaml)",
+                        "name the run directory to finish with --output") from None
+    old = yaml.safe_load(saved.read_text()) or {}
+    new = spec.to_yaml_dict()
+    for key in sorted(set(old) | set(new)):
+        if key != "output" and old.get(key) != new.get(key):
+            raise SpecError(spec.source, key, str(new.get(key)), f"differs from the run in {out} "
+                            f"({old.get(key)})", "resume with the same sweep file and --set "
+                            "overrides, or start a new run without --resume") from None
 
 
 def history_root(spec: SweepSpec, override: str | None) -> Path:
@@ -151,8 +192,24 @@ class RowWriter:
         self.outcomes: dict[str, dict[str, Any]] = {}
         self.stages: list[dict[str, Any]] = []
         self.searches: list[dict[str, Any]] = []
+        # A resumed run starts from the rows on disk: those trials and stages are not rerun.
+        self.resumed = 0
+        self._stage_rows: set[str] = set()
+        for row in table.rows:
+            if row.get("stage") == "benchmark":
+                self.done[row["trial_key"]] = row["status"]
+                self.outcomes[row["trial_key"]] = {
+                    "status": row["status"],
+                    "metrics": {k: v for k, v in row.items() if "/" in k and _present(v)}}
+                self.resumed += 1
+            elif row.get("stage") in ("preprocess", "search") and row.get("status") == "ok":
+                self._stage_rows.add(row["trial_key"])
 
     def write(self, trial: TrialSpec, outcome: dict[str, Any]) -> None:
+        with interrupts.row_section():  # a Ctrl-C waits until row, trial file and history agree
+            self._write(trial, outcome)
+
+    def _write(self, trial: TrialSpec, outcome: dict[str, Any]) -> None:
         stamp = now()
         row = make_row(
             sweep=self.spec.name, run_id=self.run_id, system=self.spec.system.label, trial=trial,
@@ -172,14 +229,16 @@ class RowWriter:
                  f", {thr:.1f} samples/s" if thr else f" ({(outcome.get('error') or '')[:200]})")
 
     def write_stage(self, key: str, outcome: dict[str, Any], start: str) -> None:
-        """A preprocess stage run as a row: `stage=preprocess`, its config and figures."""
+        """A preprocess stage run as a row: `stage=preprocess`, its config and figures (once per
+        run: a resumed run that finds the stage's row does not add another)."""
         row = {
             "sweep": self.spec.name, "run_id": self.run_id, "stage": "preprocess",
             "trial_index": None, "trial_key": key, "system": self.spec.system.label,
             "start_time": start, "end_time": now(), "status": outcome["status"],
             "error": outcome.get("error"), **outcome["config"], **outcome["metrics"],
         }
-        self._append(row)
+        if key not in self._stage_rows or outcome["status"] != "ok":
+            self._append(row)
         self.stages.append({"key": key, "status": outcome["status"],
                             "output": outcome.get("output"),
                             "chips_per_s": outcome["metrics"].get("preprocess/chips_per_s"),
@@ -199,16 +258,18 @@ class RowWriter:
             "search/probes": len(result["probes"]),
             "search/memory_budget_mb": result["memory_budget_mb"],
         }
-        self._append(row)
+        if group.key not in self._stage_rows:  # a resumed run keeps its finished searches' rows
+            self._append(row)
         self.searches.append({"config": group.overrides, **result,
                               "probes": {str(k): v for k, v in result["probes"].items()}})
         log.info("largest batch for %s: %d (probes %s)", group.overrides or group.key,
                  result["largest_batch"], result["probes"])
 
     def _append(self, row: dict[str, Any]) -> None:
-        self.table.append(row)
-        if self.history is not None:
-            self.history.append(row)
+        with interrupts.row_section():
+            self.table.append(row)
+            if self.history is not None:
+                self.history.append(row)
 
     def summary(self, out: Path, elapsed_s: float) -> dict[str, Any]:
         statuses = list(self.done.values())
@@ -228,8 +289,13 @@ class RowWriter:
                 "trial_key": best["trial_key"], "samples_per_s": best["train/samples_per_s"]},
             "preprocess": self.stages,
             **({"largest_batch": self.searches} if self.searches else {}),
+            **({"resumed_rows": self.resumed} if self.resumed else {}),
             "elapsed_s": round(elapsed_s, 1),
         }
+
+
+def _present(v: Any) -> bool:
+    return v is not None and not (isinstance(v, float) and math.isnan(v))
 
 
 def to_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:

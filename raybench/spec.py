@@ -109,6 +109,12 @@ class ExecutionSpec(Strict):
     logical_gpus: bool = Field(
         False, description="GPUs are scheduling tokens only and workers compute on CPU (gloo): "
         "for rehearsing placement and concurrency on a machine without GPUs, never for figures")
+    max_retries: int = Field(
+        1, ge=0, description="fresh attempts for a trial whose worker process died (a lost "
+        "node, a killed process); never for out-of-memory, errors or timeouts")
+    trial_timeout_s: float | None = Field(
+        None, gt=0, description="wall-clock limit per trial attempt, from its workers' start: "
+        "a trial past it ends as status=timeout (default: none)")
 
 
 class OutputSpec(Strict):

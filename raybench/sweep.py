@@ -3,7 +3,8 @@
 Owns the CLI, the Tune grid (the only module importing ray.tune: one function trial per
 TrialSpec, one at a time) and the driver-side callback that appends a row as soon as each trial
 ends. Trials that can never be placed become `infeasible` rows without being started.
-Exit codes: 0 all trials ok, 3 some trials failed, 2 invalid input or unusable cluster.
+Exit codes: 0 all trials ok, 3 some trials failed, 2 invalid input or unusable cluster, 130/143
+interrupted by SIGINT/SIGTERM (the rows written so far are whole; `--resume` finishes the run).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from raybench import cli, cluster, plan
+from raybench import cli, cluster, interrupts, plan
 from raybench.data.stage import PreprocessSpec
 from raybench.grid import TrialSpec, stage_variants
 from raybench.results import (
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     spec, trials = loaded
     if args.dry_run:
         return plan.dry_run(spec, trials, args.address)
-    out = cli.output_dir(spec, args.output)
+    out = cli.output_dir(spec, args.output, args.resume)
     if out is None:
         return cli.EXIT_INVALID
     history = History(history_root(spec, args.output))
@@ -62,6 +63,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="print the plan and run nothing")
     p.add_argument("--output", help="run directory (default <output.root>/<name>/<UTC time>)")
     p.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else embedded)")
+    p.add_argument("--resume", action="store_true",
+                   help="finish an interrupted run: the --output directory, else the newest run "
+                   "of this sweep; trials that have a row are not run again")
     return p
 
 
@@ -70,12 +74,19 @@ def run_sweep(spec: SweepSpec, trials: list[TrialSpec], out: Path,
     """Run every trial on Ray and return the summary; rows are on disk as each trial ends."""
     t0 = time.monotonic()
     run_id = out.name
+    interrupted: int | None = None
+    writer = RowWriter(spec, run_id, ResultsTable(out), history)
+    if writer.resumed:
+        log.info("resuming %s: %d trial rows on disk, %d trials to run", out, writer.resumed,
+                 sum(t.key not in writer.done for t in trials))
     started = cluster.connect(address)
+    interrupts.install()  # after ray.init, whose own SIGTERM handler would end the process
     try:
         write_run_files(out, spec, cluster.describe())
-        writer = RowWriter(spec, run_id, ResultsTable(out), history)
         outputs = [_stage(variant, out, writer) for variant in stage_variants(spec)]
         trials = _with_stage_output(trials, outputs)
+        if not spec.search:  # a resumed search replays its probes' rows instead (probe below)
+            trials = [t for t in trials if t.key not in writer.done]
         runnable = []
         nodes = cluster.nodes()
         no_token = spec.execution.concurrency == "per_node" and not any(
@@ -92,7 +103,8 @@ def run_sweep(spec: SweepSpec, trials: list[TrialSpec], out: Path,
                 runnable.append(t)
         if runnable and spec.search and spec.search.largest_batch:
             def probe(t: TrialSpec) -> dict[str, Any]:
-                _tune(spec, [t], out, writer, name=f"probe_{t.index:04d}", nodes=nodes)
+                if t.key not in writer.outcomes:
+                    _tune(spec, [t], out, writer, name=f"probe_{t.index:04d}", nodes=nodes)
                 return writer.outcomes[t.key]
 
             search_all(spec.search.largest_batch, runnable, probe, writer)
@@ -103,6 +115,10 @@ def run_sweep(spec: SweepSpec, trials: list[TrialSpec], out: Path,
             if t.key not in writer.done:
                 writer.write(t, {"status": "error", "error": "trial ended without a result",
                                  "metrics": {}})
+    except KeyboardInterrupt as e:  # unrun trials get no row: --resume runs them
+        interrupted = int(interrupts.signal_of(e))
+        log.warning("interrupted by signal %d: %d trial rows are on disk; run the same command "
+                    "with --resume to finish", interrupted, len(writer.done))
     finally:
         if started:
             import ray
@@ -110,6 +126,9 @@ def run_sweep(spec: SweepSpec, trials: list[TrialSpec], out: Path,
             ray.shutdown()
     summary = writer.summary(out, time.monotonic() - t0)
     summary = {**summary, "report": write_report(out)}
+    if interrupted:
+        summary["interrupted"] = interrupted
+        return summary  # a partial run is not published
     if spec.output.storage:
         try:
             summary["storage"] = publish(out, spec.output.storage, spec.name)

@@ -1,14 +1,20 @@
 """One trial on Ray Train: a TorchTrainer (DDP over fresh workers), its outcome as row fields.
 
 Owns the Ray Train V2 driver pattern (this runs inside a Tune function trial), the settings that
-keep a trial from hanging (no controller retries, a short worker-group start deadline) and the
-classification of failures into `oom | error | timeout | infeasible`. Does not own the Tune grid
-(sweep.py) or the timed loop (worker.py).
+keep a trial from hanging (no controller retries, a short worker-group start deadline, a
+wall-clock watchdog in every worker), and the retry of a trial whose worker process died. Ray
+Train's own `max_failures` is kept at 0: its policy retries any worker-group error, a Python
+exception or an out-of-memory included, and a benchmark must not rerun those. Does not own the
+Tune grid (sweep.py) or the timed loop (worker.py).
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +35,8 @@ from raybench.worker import run_worker
 # Read by the Train controller, which inherits them from this process (ENV_VARS_TO_PROPAGATE).
 # The health-check poll is also how fast the end of a run is noticed: the 2 s default adds
 # seconds to every trial. Preemption watching is for spot instances, not benchmark nodes.
+log = logging.getLogger(__name__)
+
 TRAIN_ENV = {
     "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",
     "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
@@ -56,7 +64,12 @@ def train_loop(config: dict[str, Any]) -> list[dict[str, Any]] | None:
         trace_path=trace_path(config["trace_dir"], trial),
         artifact_dir=artifact_dir(config["trace_dir"], trial),
     )
-    records = run_worker(trial, ctx)
+    watchdog = _watchdog(config.get("timeout_s"))
+    try:
+        records = run_worker(trial, ctx)
+    finally:
+        if watchdog:
+            watchdog.cancel()
     if getattr(trial.workload, "save_checkpoints", False):
         # Every rank reports exactly once (a rank that skipped it would hang the group), after
         # the timed run; rank 0 hands over the best epoch's weights as a Ray Train checkpoint.
@@ -68,8 +81,52 @@ def train_loop(config: dict[str, Any]) -> list[dict[str, Any]] | None:
     return records
 
 
+def _watchdog(limit_s: float | None) -> threading.Timer | None:
+    """End this worker process when the trial's time is up.
+
+    A rank stuck in a collective or a long kernel cannot be interrupted from Python, so the
+    process exits; the driver sees the attempt outlive its limit and records a timeout."""
+    if not limit_s:
+        return None
+
+    def expire() -> None:
+        print(f"raybench: trial past execution.trial_timeout_s={limit_s:g} s, ending this "
+              "worker", file=sys.stderr, flush=True)
+        os._exit(124)  # timeout(1)'s code; nothing else may run, a hung thread included
+
+    timer = threading.Timer(limit_s, expire)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
 def run_trial(trial: TrialSpec, storage: str, trials_dir: str, execution: ExecutionSpec,
               cwd: str | None = None, strategy: str = "PACK") -> dict[str, Any]:
+    """Fit one trial; a worker process that died is retried up to `execution.max_retries` times
+    on fresh workers. Returns {status, error, metrics, ...} with `trial/retries`, never raises."""
+    lost: list[str] = []
+    while True:
+        start = time.monotonic()
+        out = _attempt(trial, storage, trials_dir, execution, cwd, strategy, len(lost))
+        elapsed = time.monotonic() - start
+        limit = execution.trial_timeout_s
+        if out["status"] in ("lost", "error") and limit and elapsed >= limit:
+            out = {"status": "timeout", "metrics": {},
+                   "error": f"ran past execution.trial_timeout_s={limit:g} s (stopped after "
+                            f"{elapsed:.0f} s)\n{out['error']}"}
+        if out["status"] == "lost" and len(lost) < execution.max_retries:
+            lost.append(out["error"].splitlines()[0][:300])
+            log.warning("trial %d (%s) lost a worker; retry %d of %d on fresh workers",
+                        trial.index, trial.key, len(lost), execution.max_retries)
+            continue
+        out["metrics"]["trial/retries"] = len(lost)
+        if lost:
+            out["metrics"]["trial/retry_reasons"] = " | ".join(lost)
+        return out
+
+
+def _attempt(trial: TrialSpec, storage: str, trials_dir: str, execution: ExecutionSpec,
+              cwd: str | None, strategy: str, attempt: int) -> dict[str, Any]:
     """Fit one TorchTrainer; returns {status, error, metrics, ranks, records}, never raises.
     `storage` is Ray Train's storage path (a local folder or a URI), `trials_dir` where rank 0
     writes traces and artefacts (on its own node), `strategy` the placement (plan.strategy)."""
@@ -87,7 +144,8 @@ def run_trial(trial: TrialSpec, storage: str, trials_dir: str, execution: Execut
         train_loop,
         # traces and artefacts land beside the trial JSONs, on rank 0's node
         train_loop_config={"trial": trial.to_dict(), "trace_dir": trials_dir,
-                           "cwd": cwd, "logical_gpus": execution.logical_gpus},
+                           "cwd": cwd, "logical_gpus": execution.logical_gpus,
+                           "timeout_s": execution.trial_timeout_s},
         torch_config=TorchConfig(
             backend="nccl" if hw.use_gpu and not execution.logical_gpus else "gloo"),
         scaling_config=ray.train.ScalingConfig(
@@ -95,7 +153,8 @@ def run_trial(trial: TrialSpec, storage: str, trials_dir: str, execution: Execut
             placement_strategy=strategy,
         ),
         run_config=ray.train.RunConfig(
-            name=f"trial_{trial.index:04d}_{trial.key}",
+            # an attempt never finds an earlier attempt's run state under the same name
+            name=f"trial_{trial.index:04d}_{trial.key}" + (f"_retry{attempt}" if attempt else ""),
             storage_path=storage,
             # A worker group that cannot be placed must fail once, not be retried forever
             # (controller_failure_limit defaults to -1 in Ray 2.60).
