@@ -29,11 +29,30 @@ def load(path: str, overrides: list[str]) -> tuple[SweepSpec, list[TrialSpec]] |
     """The validated spec and its trials, or None after printing why (exit 2 follows)."""
     try:
         spec = load_sweep(path, overrides)
-        stage_variants(spec)  # validated here too, before anything starts
-        return spec, expand(spec)
+        variants = stage_variants(spec)  # validated here too, before anything starts
+        trials = expand(spec)
+        _check_stage_inputs(spec, variants)
+        return spec, trials
     except SpecError as e:
         print(f"raybench: invalid sweep: {e}", file=sys.stderr)
         return None
+
+
+def _check_stage_inputs(spec: SweepSpec, variants: list) -> None:
+    """A corrupt GeoTIFF or a bad label CSV is input to fix, not a failed stage row."""
+    from raybench.data.stage import check_inputs
+
+    seen = set()
+    for v in variants:
+        if (v.scenes, v.labels, tuple(v.channels)) in seen:
+            continue
+        seen.add((v.scenes, v.labels, tuple(v.channels)))
+        problem = check_inputs(v)
+        if problem:
+            key, what = problem
+            raise SpecError(spec.source, key, getattr(v, key.split(".")[1]), what,
+                            "repair or replace that file (or regenerate the scenes), or point "
+                            f"{key} at another split")
 
 
 def output_dir(spec: SweepSpec, override: str | None, resume: bool = False) -> Path | None:

@@ -72,6 +72,17 @@ def placement(trial: TrialSpec, nodes: list[dict[str, float]]) -> str | None:
     return None
 
 
+def gpus_missing(trials: list[TrialSpec], nodes: list[dict[str, float]]) -> str | None:
+    """Why the sweep as a whole cannot run here: GPU trials on a cluster with no GPU at all.
+    That is a sweep pointed at the wrong cluster (input to fix, exit 2), not a trial that
+    happens not to fit (an `infeasible` row)."""
+    asking = [t for t in trials if t.resources()["total"].get("GPU", 0) > 0]
+    if asking and not any(n.get("GPU", 0) > 0 for n in nodes):
+        return (f"{len(asking)} of {len(trials)} trials ask for GPUs but the Ray cluster has "
+                f"none ({len(nodes)} node(s))")
+    return None
+
+
 NODE_TOKEN = "raybench_node"  # one per node: `per_node` trials take a whole node's token
 TUNE_TRIAL_CPU = 0.01  # each running trial's Tune function holds this much beside its workers
 

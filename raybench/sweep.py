@@ -34,7 +34,7 @@ from raybench.results import (
     write_run_files,
 )
 from raybench.search import search_all
-from raybench.spec import SweepSpec
+from raybench.spec import SpecError, SweepSpec
 
 log = logging.getLogger("raybench.sweep")
 
@@ -52,7 +52,14 @@ def main(argv: list[str] | None = None) -> int:
     if out is None:
         return cli.EXIT_INVALID
     history = History(history_root(spec, args.output))
-    return cli.finish(run_sweep(spec, trials, out, args.address, history))
+    try:
+        summary = run_sweep(spec, trials, out, args.address, history)
+    except SpecError as e:  # found on the cluster before anything was written
+        print(f"raybench: {e}", file=sys.stderr)
+        if not args.resume and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
+        return cli.EXIT_INVALID
+    return cli.finish(summary)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -82,6 +89,12 @@ def run_sweep(spec: SweepSpec, trials: list[TrialSpec], out: Path,
     started = cluster.connect(address)
     interrupts.install()  # after ray.init, whose own SIGTERM handler would end the process
     try:
+        why = None if spec.execution.logical_gpus else plan.gpus_missing(trials, cluster.nodes())
+        if why:
+            raise SpecError(spec.source, "hardware.num_gpus", spec.hardware.num_gpus, why,
+                            "run it on a cluster with GPUs (--address or RAY_ADDRESS), set "
+                            "hardware.num_gpus: 0 for CPU ranks, or execution.logical_gpus: "
+                            "true to rehearse placement without GPUs")
         write_run_files(out, spec, cluster.describe())
         outputs = [_stage(variant, out, writer) for variant in stage_variants(spec)]
         trials = _with_stage_output(trials, outputs)

@@ -66,6 +66,38 @@ class PreprocessSpec(BaseModel):
         return self
 
 
+def check_inputs(spec: PreprocessSpec) -> tuple[str, str] | None:
+    """Before anything runs: the label CSV reads strictly and every scene's rasters open.
+
+    Returns (the spec key at fault, what is wrong, naming the file), or None when the inputs are
+    usable. Opening a GeoTIFF reads its header only (milliseconds); damage deeper in a file is
+    found by the stage itself, which names the scene and the file."""
+    if spec.generate is not None:
+        return None  # the stage writes these inputs itself
+    import rasterio
+
+    from raybench.data.labels import read_labels
+    from raybench.data.xview3 import CHANNEL_FILES, scene_dirs
+
+    try:
+        read_labels(Path(spec.labels))
+    except ValueError as e:
+        return "preprocess.labels", str(e)
+    try:
+        scenes = scene_dirs(Path(spec.scenes))
+    except (OSError, ValueError) as e:
+        return "preprocess.scenes", str(e)
+    for scene in scenes:
+        for channel in spec.channels:
+            path = scene / CHANNEL_FILES[channel]
+            try:
+                with rasterio.open(path) as src:
+                    src.profile  # noqa: B018 - the header must parse
+            except (OSError, rasterio.errors.RasterioError) as e:
+                return "preprocess.scenes", f"{path}: not a readable GeoTIFF ({e})"
+    return None
+
+
 def run_stage(spec: PreprocessSpec, run_dir: Path) -> dict[str, Any]:
     """Chip (or find cached) scenes; returns the stage row's fields. Needs Ray connected."""
     from raybench.data.chip import chip_scenes

@@ -89,11 +89,12 @@ def test_run_files(local_sweep):
 def test_unsatisfiable_trial_fails_fast_as_a_row(tmp_path):
     out = tmp_path / "run"
     t0 = time.monotonic()
-    proc = start_sweep(out, "--set", "hardware.num_gpus=4", "--set", "grid={batch_size: [8]}")
+    proc = start_sweep(out, "--set", "hardware.cpus_per_worker=64",
+                       "--set", "grid={batch_size: [8]}")
     stdout, _ = proc.communicate(timeout=120)
     elapsed = time.monotonic() - t0
     assert proc.returncode == 3, stdout[-3000:]
     assert elapsed < 60
     df = pd.read_parquet(out / "results.parquet")
     assert list(df["status"]) == ["infeasible"]
-    assert re.search(r"needs .*GPU=4 in all .*cluster has .*GPU=0", df["error"][0])
+    assert re.search(r"needs .*CPU=64 in all .*cluster has .*CPU=", df["error"][0])

@@ -1,0 +1,133 @@
+"""Bad input through the real CLI: exit 2, one paragraph naming the file, the key and the fix, and
+nothing written to any results or history table (issue: reliability, item 5)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tests.conftest import ROOT
+
+SWEEP = """
+name: bad
+system: {label: test-cpu, nodes: 1, gpus_per_node: 0}
+workload: {name: resnet, depth: 18, image_size: 32, num_classes: 10, batch_size: 4,
+           synthetic_samples: 64}
+hardware: {num_gpus: 0, cpu_workers: 1, dataloader_workers: 0}
+grid: {batch_size: [4, 8]}
+measure: {warmup_steps: 1, measure_steps: 3}
+output: {root: RESULTS}
+"""
+
+
+def run_cli(tmp_path: Path, text: str, *args: str) -> subprocess.CompletedProcess:
+    path = tmp_path / "sweep.yaml"
+    path.write_text(textwrap.dedent(text).replace("RESULTS", str(tmp_path / "results")))
+    return subprocess.run([sys.executable, "-m", "raybench.sweep", str(path), *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+
+
+def assert_rejected(tmp_path: Path, proc: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    err = proc.stderr.strip().splitlines()[-1]  # the paragraph is the last line
+    assert str(tmp_path / "sweep.yaml") in err and "Fix:" in err, err
+    for f in fragments:
+        assert f in err, (f, err)
+    tables = list(tmp_path.rglob("results.parquet")) + list(tmp_path.rglob("history.parquet"))
+    assert tables == []
+
+
+CASES = {
+    "malformed_yaml": ("name: bad\nsystem: {label: a\n", [], ["<yaml>", "line 3"]),
+    "unknown_key": (SWEEP.replace("measure:", "mesure:"), [], ["mesure", "'measure'"]),
+    "wrong_type": (SWEEP, ["--set", "measure.warmup_steps=abc"], ["measure.warmup_steps"]),
+    "empty_grid": (SWEEP, ["--set", "grid.batch_size=[]"], ["grid.batch_size"]),
+    "zero_size": (SWEEP, ["--set", "workload.batch_size=0"], ["batch_size"]),
+    "negative_size": (SWEEP, ["--set", "workload.image_size=-32"], ["image_size"]),
+    "warmup_not_below_steps": (SWEEP, ["--set", "measure.warmup_steps=3"], ["warmup_steps"]),
+    "unknown_workload": (SWEEP.replace("name: resnet", "name: resnett"), [],
+                         ["resnett", "resnet", "vit_tiles"]),
+    "missing_data_dir": (SWEEP, ["--set", "workload.data=imagefolder",
+                                 "--set", "workload.data_path=/nonexistent/imgs"], ["data_path"]),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_spec_errors(tmp_path, case):
+    text, args, fragments = CASES[case]
+    assert_rejected(tmp_path, run_cli(tmp_path, text, *args), *fragments)
+
+
+def test_output_directory_that_cannot_be_written(tmp_path):
+    (tmp_path / "a_file").write_text("not a directory")
+    proc = run_cli(tmp_path, SWEEP, "--output", str(tmp_path / "a_file" / "run"))
+    assert_rejected(tmp_path, proc, "output.dir", "cannot be written")
+
+
+@pytest.mark.ray
+def test_gpus_asked_of_a_cluster_without_gpus(tmp_path):
+    proc = run_cli(tmp_path, SWEEP, "--set", "hardware.num_gpus=1", "--output",
+                   str(tmp_path / "results" / "run"))
+    assert_rejected(tmp_path, proc, "hardware.num_gpus", "ask for GPUs", "has none")
+    assert not (tmp_path / "results" / "run").exists()  # not even an empty run directory
+
+
+@pytest.fixture(scope="module")
+def scenes(tmp_path_factory):
+    """Two small synthetic scenes in the real layout."""
+    from raybench.data.synth_xview3 import generate
+
+    root = tmp_path_factory.mktemp("x3")
+    generate(root, 2, 600, 600, seed=3)
+    split = next(s for s in ("train", "validation") if any((root / s).glob("*")))
+    return root, split
+
+
+def stage_sweep(scenes_dir: Path, labels: Path) -> str:
+    return f"""
+name: bad_stage
+system: {{label: test-cpu}}
+preprocess: {{scenes: {scenes_dir}, labels: {labels}, chip_size: 200, out: CHIPS}}
+output: {{root: RESULTS}}
+"""
+
+
+def test_corrupt_geotiff_is_named(tmp_path, scenes):
+    import shutil
+
+    root, split = scenes
+    copy = tmp_path / "scenes"
+    shutil.copytree(root / split, copy)
+    victim = sorted(copy.glob("*/VV_dB.tif"))[0]
+    victim.write_bytes(b"II*\x00" + b"\x00garbage" * 50)
+    text = stage_sweep(copy, root / "labels" / f"{split}.csv").replace(
+        "CHIPS", str(tmp_path / "chips"))
+    assert_rejected(tmp_path, run_cli(tmp_path, text), "preprocess.scenes", str(victim),
+                    "not a readable GeoTIFF")
+
+
+@pytest.mark.parametrize("damage", ["missing_columns", "negative_rows"])
+def test_bad_label_csv_is_named(tmp_path, scenes, damage):
+    root, split = scenes
+    labels = pd.read_csv(root / "labels" / f"{split}.csv")
+    if damage == "missing_columns":
+        labels = labels.drop(columns=["detect_scene_row", "vessel_length_m"])
+        want = "missing label columns"
+    else:
+        labels.loc[0, "detect_scene_row"] = -5
+        want = "negative values"
+    bad = tmp_path / "labels.csv"
+    labels.to_csv(bad, index=False)
+    text = stage_sweep(root / split, bad).replace("CHIPS", str(tmp_path / "chips"))
+    assert_rejected(tmp_path, run_cli(tmp_path, text), "preprocess.labels", str(bad), want)
+
+
+def test_safe_yaml_loader_refuses_python_tags(tmp_path):
+    text = SWEEP.replace("name: bad", "name: !!python/object/apply:os.system ['touch PWNED']")
+    proc = run_cli(tmp_path, text)
+    assert proc.returncode == 2 and not (ROOT / "PWNED").exists()

@@ -1,0 +1,150 @@
+"""Fault injection on a real local Ray: Ctrl-C then --resume, a worker process killed mid-trial,
+a trial that raises, a trial over its time limit. Each sweep runs as a user runs it (a
+subprocess of `python -m raybench.sweep`); the table on disk is what is checked."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import psutil
+import pytest
+
+from raybench.grid import expand
+from raybench.spec import load_sweep
+from tests.conftest import ROOT
+from tests.integration.ray_nodes import LocalCluster
+
+pytestmark = pytest.mark.ray
+
+QUICK = ["--set", "measure.measure_steps=4", "--set", "measure.warmup_steps=1"]
+
+
+def sweep_cmd(out: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "raybench.sweep", "sweeps/local_cpu.yaml", "--output",
+            str(out), *extra]
+
+
+def table(out: Path) -> pd.DataFrame:
+    try:
+        return pd.read_parquet(out / "results.parquet")
+    except (FileNotFoundError, OSError, ValueError):
+        return pd.DataFrame()
+
+
+def test_sigint_mid_sweep_then_resume(tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.Popen(sweep_cmd(out, *QUICK), cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 240
+    while len(table(out)) < 1 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.5)
+    time.sleep(1.0)  # into the next trial
+    proc.send_signal(signal.SIGINT)
+    log, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, log[-3000:]
+    first = table(out)
+    assert 1 <= len(first) < 4, log[-3000:]
+    assert "--resume" in log
+
+    again = subprocess.run(sweep_cmd(out, *QUICK, "--resume"), cwd=ROOT, capture_output=True,
+                           text=True, timeout=400)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    df = table(out)
+    spec = load_sweep(ROOT / "sweeps" / "local_cpu.yaml", [a for a in QUICK if a != "--set"])
+    expected = {t.key for t in expand(spec)}
+    assert len(df) == len(expected) == 4
+    assert not df["trial_key"].duplicated().any() and set(df["trial_key"]) == expected
+    assert (df["status"] == "ok").all()
+    # the rows written before the interrupt are kept as they were, not rerun
+    kept = df.set_index("trial_key").loc[first["trial_key"], "end_time"]
+    assert list(kept) == list(first["end_time"])
+    history = pd.read_parquet(tmp_path / "history.parquet")
+    assert len(history) == 4 and not history["trial_key"].duplicated().any()
+    assert f'"resumed_rows": {len(first)}' in again.stdout
+
+
+def test_trial_that_raises_is_a_row_and_the_others_finish(tmp_path):
+    empty = tmp_path / "no_classes"
+    empty.mkdir()
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        sweep_cmd(out, *QUICK, "--set", "grid={data: [synthetic, imagefolder]}",
+                  "--set", f"workload.data_path={empty}"),
+        cwd=ROOT, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
+    df = table(out).set_index("workload.data")
+    assert df.loc["synthetic", "status"] == "ok"
+    assert df.loc["imagefolder", "status"] == "error"
+    assert "FileNotFoundError" in df.loc["imagefolder", "error"]
+    assert df.loc["imagefolder", "trial/retries"] == 0  # a Python error is never retried
+
+
+def test_trial_over_its_time_limit_is_a_timeout_row(tmp_path):
+    out = tmp_path / "run"
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        sweep_cmd(out, "--set", "grid={batch_size: [8]}", "--set", "measure.measure_steps=null",
+                  "--set", "measure.measure_seconds=600", "--set", "measure.warmup_steps=2",
+                  "--set", "execution.trial_timeout_s=6"),
+        cwd=ROOT, capture_output=True, text=True, timeout=400)
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (row,) = table(out).to_dict("records")
+    assert row["status"] == "timeout" and "trial_timeout_s=6" in row["error"]
+    assert row["trial/retries"] == 0
+    assert elapsed < 120  # a 600 s window cut at 6 s: the sweep ends
+
+
+def _train_workers(session: int) -> list[psutil.Process]:
+    """Ray Train worker processes of our own cluster (its session), none of anyone else's."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if os.getsid(p.pid) == session and "RayTrainWorker" in " ".join(
+                    p.info["cmdline"] or []):
+                found.append(p)
+        except (psutil.Error, ProcessLookupError):
+            continue
+    return found
+
+
+@pytest.mark.parametrize("retries", [1, 0])
+def test_worker_process_killed_mid_trial(tmp_path, retries):
+    cluster = LocalCluster()
+    try:
+        cluster.start_head("--num-cpus=4")
+        cluster.wait_for_nodes(1)
+        session = os.getsid(cluster.procs[0].pid)
+        out = tmp_path / "run"
+        proc = subprocess.Popen(
+            sweep_cmd(out, "--address", cluster.address, "--set", "grid={batch_size: [8]}",
+                      "--set", "measure.measure_steps=null", "--set", "measure.warmup_steps=2",
+                      "--set", "measure.measure_seconds=8",
+                      "--set", f"execution.max_retries={retries}"),
+            cwd=ROOT, env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True)
+        deadline = time.monotonic() + 180
+        victim = None
+        while victim is None and time.monotonic() < deadline and proc.poll() is None:
+            workers = [w for w in _train_workers(session) if time.time() - w.create_time() > 4]
+            victim = workers[0] if workers else None
+            time.sleep(0.3)
+        assert victim is not None, "no Ray Train worker appeared"
+        victim.send_signal(signal.SIGKILL)
+        log, _ = proc.communicate(timeout=300)
+        (row,) = table(out).to_dict("records")
+        if retries:
+            assert proc.returncode == 0, log[-3000:]
+            assert row["status"] == "ok" and row["trial/retries"] == 1
+            assert "died" in row["trial/retry_reasons"] or "Error" in row["trial/retry_reasons"]
+        else:
+            assert proc.returncode == 3, log[-3000:]
+            assert row["status"] == "lost" and row["trial/retries"] == 0
+    finally:
+        cluster.stop()
