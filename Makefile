@@ -22,7 +22,7 @@ sweep: $(STAMP)
 	$(BIN)/python -m raybench.sweep $(SWEEP) $(ARGS)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -ra
+	$(BIN)/python -m pytest -q -ra --durations=15
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -ra -m "not ray"
