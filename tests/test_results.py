@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import pandas as pd
+import pytest
 
 from raybench.grid import expand
 from raybench.results import History, ResultsTable, RowWriter
@@ -46,3 +47,30 @@ def test_results_table_reloads_existing_rows(write_sweep, tmp_path):
     RowWriter(spec, "r", ResultsTable(tmp_path)).write(t, outcome(2.0))
     assert len(pd.read_parquet(tmp_path / "results.parquet")) == 2
     assert not list(tmp_path.glob(".results*"))  # no temporary files left behind
+
+
+def test_new_run_refuses_a_directory_with_rows_and_resume_checks_the_sweep(write_sweep, tmp_path):
+    from raybench.results import run_directory
+    from raybench.spec import SpecError, load_sweep
+
+    spec = load_sweep(write_sweep(), [f"output.root={tmp_path / 'res'}"])
+    out = run_directory(spec, None)
+    (out / "sweep.yaml").write_text(yaml_dump(spec))
+    (out / "results.parquet").write_bytes(b"")
+    with pytest.raises(SpecError, match="already holds a run.*--resume"):
+        run_directory(spec, str(out))
+    assert run_directory(spec, str(out), resume=True) == out
+    assert run_directory(spec, None, resume=True) == out  # the newest run of this sweep
+    other = load_sweep(write_sweep(), [f"output.root={tmp_path / 'res'}",
+                                       "measure.measure_steps=7"])
+    with pytest.raises(SpecError, match="measure.*differs from the run"):
+        run_directory(other, str(out), resume=True)
+    with pytest.raises(SpecError, match="no earlier run"):
+        run_directory(load_sweep(write_sweep(), [f"output.root={tmp_path / 'none'}"]), None,
+                      resume=True)
+
+
+def yaml_dump(spec):
+    import yaml
+
+    return yaml.safe_dump(spec.to_yaml_dict(), sort_keys=False)

