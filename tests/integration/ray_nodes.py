@@ -78,6 +78,7 @@ class LocalCluster:
                 pass
         for p in reversed(self.procs):
             try:
-                p.wait(timeout=30)
+                p.wait(timeout=10)  # a test cluster has nothing to save: no long grace
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
+                p.wait(timeout=30)
