@@ -76,9 +76,10 @@ class LocalCluster:
                 os.killpg(p.pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
+        deadline = time.monotonic() + 10  # one grace for all nodes: a test cluster saves nothing
         for p in reversed(self.procs):
             try:
-                p.wait(timeout=10)  # a test cluster has nothing to save: no long grace
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait(timeout=30)
