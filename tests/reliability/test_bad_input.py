@@ -11,18 +11,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, TINY_SWEEP
 
-SWEEP = """
-name: bad
-system: {label: test-cpu, nodes: 1, gpus_per_node: 0}
-workload: {name: resnet, depth: 18, image_size: 32, num_classes: 10, batch_size: 4,
-           synthetic_samples: 64}
-hardware: {num_gpus: 0, cpu_workers: 1, dataloader_workers: 0}
-grid: {batch_size: [4, 8]}
-measure: {warmup_steps: 1, measure_steps: 3}
-output: {root: RESULTS}
-"""
+SWEEP = TINY_SWEEP + "output: {root: RESULTS}\n"  # the shared tiny sweep, tables under tmp
 
 
 def run_cli(tmp_path: Path, text: str, *args: str) -> subprocess.CompletedProcess:
@@ -128,6 +119,7 @@ def test_bad_label_csv_is_named(tmp_path, scenes, damage):
 
 
 def test_safe_yaml_loader_refuses_python_tags(tmp_path):
-    text = SWEEP.replace("name: bad", "name: !!python/object/apply:os.system ['touch PWNED']")
+    text = SWEEP.replace("name: tiny", "name: !!python/object/apply:os.system ['touch PWNED']")
+    assert "!!python" in text
     proc = run_cli(tmp_path, text)
     assert proc.returncode == 2 and not (ROOT / "PWNED").exists()
