@@ -102,9 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     if out is None:
         return cli.EXIT_INVALID
     t0 = time.monotonic()
-    write_run_files(out, spec, {"mode": "in-process, no Ray"})
     history = History(history_root(spec, args.output))
     writer = RowWriter(spec, out.name, ResultsTable(out), history)
+    if not writer.resumed:  # a resumed run keeps the system facts its first rows came from
+        write_run_files(out, spec, {"mode": "in-process, no Ray"})
     if not spec.search:  # a resumed search replays its probes' rows (run_and_write)
         trials = [t for t in trials if t.key not in writer.done]
 

@@ -55,6 +55,7 @@ def test_sigint_mid_sweep_then_resume(tmp_path):
     first = table(out)
     assert 1 <= len(first) < 3, log[-3000:]
     assert "--resume" in log
+    facts = (out / "system_info.json").read_text()
 
     again = subprocess.run(sweep_cmd(out, *THREE, "--resume"), cwd=ROOT, capture_output=True,
                            text=True, timeout=400)
@@ -71,6 +72,7 @@ def test_sigint_mid_sweep_then_resume(tmp_path):
     history = pd.read_parquet(tmp_path / "history.parquet")
     assert len(history) == 3 and not history["trial_key"].duplicated().any()
     assert f'"resumed_rows": {len(first)}' in again.stdout
+    assert (out / "system_info.json").read_text() == facts  # the first session's facts stay
 
 
 def test_trial_that_raises_is_a_row_and_the_others_finish(tmp_path):
