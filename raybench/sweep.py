@@ -89,7 +89,8 @@ def run_sweep(spec: SweepSpec, trials: list[TrialSpec], out: Path,
     started = cluster.connect(address)
     interrupts.install()  # after ray.init, whose own SIGTERM handler would end the process
     try:
-        why = None if spec.execution.logical_gpus else plan.gpus_missing(trials, cluster.nodes())
+        nodes = cluster.nodes()
+        why = None if spec.execution.logical_gpus else plan.gpus_missing(trials, nodes)
         if why:
             raise SpecError(spec.source, "hardware.num_gpus", spec.hardware.num_gpus, why,
                             "run it on a cluster with GPUs (--address or RAY_ADDRESS), set "
@@ -102,7 +103,6 @@ def run_sweep(spec: SweepSpec, trials: list[TrialSpec], out: Path,
         if not spec.search:  # a resumed search replays its probes' rows instead (probe below)
             trials = [t for t in trials if t.key not in writer.done]
         runnable = []
-        nodes = cluster.nodes()
         no_token = spec.execution.concurrency == "per_node" and not any(
             n.get(plan.NODE_TOKEN) for n in nodes)
         for t in trials:
