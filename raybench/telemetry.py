@@ -18,6 +18,11 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 INTERVAL_S = 0.1
+# NVML's utilisation is the busy fraction over the driver's last sample period (1/6 s to 1 s
+# by product), recent GPUs report power as a 1 s average, and the energy counter did not move
+# over a 76 ms window on an H100 (docs/results/2026-11-23_h100): shorter windows would give
+# 0% busy and 0 J for a GPU that was working. Below this, those figures stay empty.
+MIN_WINDOW_S = 1.0
 
 # nvmlClocksThrottleReasons bits that mean the GPU ran slower than it could (idle, application
 # clock settings, sync boost and display clocks are not throttling).
@@ -96,13 +101,17 @@ def aggregate(samples: list[dict[str, Any]], samples_processed: int) -> dict[str
     """Per-trial figures from one GPU's sample stream (pure).
 
     Energy: the difference of the GPU's energy counter where it has one, else the power
-    readings integrated over time (trapezoids). Throttled: any sample with a throttling bit."""
+    readings integrated over time (trapezoids). Throttled: any sample with a throttling bit.
+    Utilisation, power and energy need a window of MIN_WINDOW_S; temperature, clock and
+    throttling are instantaneous and kept for any window."""
     if len(samples) < 2:
         return {}
     t = np.array([s["t"] for s in samples], dtype=float)
-    util = _series(samples, "util_pct")
-    power = _series(samples, "power_w")
-    energy_mj = _series(samples, "energy_mj")
+    window_s = float(t[-1] - t[0])
+    averaged = window_s >= MIN_WINDOW_S
+    util = _series(samples, "util_pct") if averaged else None
+    power = _series(samples, "power_w") if averaged else None
+    energy_mj = _series(samples, "energy_mj") if averaged else None
     if energy_mj is not None:
         energy_j = (energy_mj[-1] - energy_mj[0]) / 1000
     elif power is not None:
@@ -127,6 +136,7 @@ def aggregate(samples: list[dict[str, Any]], samples_processed: int) -> dict[str
         "throttled": bool(reasons),
         "throttle_reasons": ",".join(reasons),
         "samples": len(samples),
+        "window_s": window_s,
     }
 
 

@@ -47,6 +47,21 @@ def test_throttle_flags_and_reasons():
     assert telemetry.aggregate(idle_only, 10)["throttled"] is False
 
 
+def test_a_window_shorter_than_nvml_averages_leaves_util_power_energy_empty():
+    # Recorded on an H100: a 76 ms window of 50 CUDA-graph forwards, both samples stale.
+    short = [{"t": 47.9305, "util_pct": 0, "mem_used_mb": 1960.8, "power_w": 121.2,
+              "energy_mj": 4009133, "temp_c": 33, "sm_clock_mhz": 1980, "throttle_mask": 0x4},
+             {"t": 48.0065, "util_pct": 0, "mem_used_mb": 1960.8, "power_w": 121.2,
+              "energy_mj": 4009133, "temp_c": 33, "sm_clock_mhz": 1980, "throttle_mask": 0}]
+    g = telemetry.aggregate(short, samples_processed=50)
+    assert g["util_mean_pct"] is None and g["power_mean_w"] is None and g["energy_j"] is None
+    assert g["energy_per_sample_j"] is None
+    assert g["temp_max_c"] == 33 and g["sm_clock_mean_mhz"] == 1980
+    assert g["throttle_reasons"] == "sw_power_cap" and g["window_s"] == pytest.approx(0.076)
+    just_long_enough = telemetry.aggregate(stream(n=11, dt=0.1), 100)  # 1.0 s
+    assert just_long_enough["util_mean_pct"] is not None
+
+
 def test_ranks_combined_in_metrics():
     a, b = record(0, 0.1), record(1, 0.1)
     a["gpu"] = telemetry.aggregate(stream(power=300.0), 320)
