@@ -129,6 +129,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_local(trial: TrialSpec, trace_dir: str | None = None) -> dict[str, Any]:
     """One trial in this process (or spawned ranks); returns the same fields as trial.run_trial."""
+    if trial.inference is not None:
+        from raybench.scenarios.run import run_trial as run_scenario
+
+        return run_scenario(trial, "local")
     hw = trial.hardware
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if hw.num_gpus > gpus:

@@ -16,6 +16,7 @@ from typing import Any
 
 from raybench import workloads
 from raybench.data.stage import PreprocessSpec
+from raybench.scenarios import InferenceSpec
 from raybench.spec import (
     HardwareSpec,
     MeasureSpec,
@@ -27,6 +28,7 @@ from raybench.workloads import WorkloadParams
 
 # Grid keys may be written short ("batch_size") when the name exists in one section only.
 GRID_SECTIONS = ("workload", "hardware", "measure")
+ALL_SECTIONS = (*GRID_SECTIONS, "inference")  # inference: only in sweeps that have one
 
 
 @dataclass(frozen=True)
@@ -39,20 +41,24 @@ class TrialSpec:
     hardware: HardwareSpec
     measure: MeasureSpec
     overrides: dict[str, Any] = field(default_factory=dict)
+    inference: InferenceSpec | None = None  # set: the trial is an inference scenario
 
     def config(self) -> dict[str, Any]:
         """Flat `section.field` config, as results columns."""
         flat = {"workload.name": self.workload_name}
-        for section in GRID_SECTIONS:
-            for k, v in getattr(self, section).model_dump().items():
-                flat[f"{section}.{k}"] = v
+        for section in ALL_SECTIONS:
+            if getattr(self, section) is not None:
+                for k, v in getattr(self, section).model_dump().items():
+                    flat[f"{section}.{k}"] = v
         return flat
 
     def resources(self) -> dict[str, Any]:
+        """Training: one worker per DDP rank. Inference: one per replica."""
         hw = self.hardware
+        workers = self.inference.replicas if self.inference else hw.world_size
         per_worker = {"CPU": hw.cpus_per_worker, **({"GPU": 1} if hw.use_gpu else {})}
-        total = {k: v * hw.world_size for k, v in per_worker.items()}
-        return {"workers": hw.world_size, "per_worker": per_worker, "total": total}
+        total = {k: v * workers for k, v in per_worker.items()}
+        return {"workers": workers, "per_worker": per_worker, "total": total}
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -60,15 +66,18 @@ class TrialSpec:
             "workload_name": self.workload_name, "workload": self.workload.model_dump(),
             "hardware": self.hardware.model_dump(), "measure": self.measure.model_dump(),
             "overrides": self.overrides,
+            "inference": self.inference.model_dump() if self.inference else None,
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrialSpec:
         params = workloads.get(d["workload_name"]).Params.model_validate(d["workload"])
+        inference = d.get("inference")
         return cls(
             index=d["index"], key=d["key"], sweep=d["sweep"], workload_name=d["workload_name"],
             workload=params, hardware=HardwareSpec.model_validate(d["hardware"]),
             measure=MeasureSpec.model_validate(d["measure"]), overrides=d.get("overrides", {}),
+            inference=InferenceSpec.model_validate(inference) if inference else None,
         )
 
 
@@ -80,16 +89,18 @@ def resolve_key(key: str, spec: SweepSpec) -> str:
         if section in models and name in models[section].model_fields:
             return key
     else:
-        owners = [s for s in GRID_SECTIONS if key in models[s].model_fields]
+        owners = [s for s in models if key in models[s].model_fields]
         if len(owners) == 1:
             return f"{owners[0]}.{key}"
         if len(owners) > 1:
             raise SpecError(spec.source, f"grid.{key}", None, f"is ambiguous ({owners})",
                             f"write it in full, e.g. grid.{owners[0]}.{key}")
-    known = [f"{s}.{f}" for s in GRID_SECTIONS for f in models[s].model_fields]
+    known = [f"{s}.{f}" for s in models for f in models[s].model_fields]
     close = [k for k in known if k.endswith("." + key.rpartition(".")[2])]
+    names = list(models)
     raise SpecError(spec.source, f"grid.{key}", None,
-                    "is not a workload, hardware or measure field", f"use one of {close or known}")
+                    f"is not a {', '.join(names[:-1])} or {names[-1]} field",
+                    f"use one of {close or known}")
 
 
 def expand(spec: SweepSpec) -> list[TrialSpec]:
@@ -147,7 +158,8 @@ def _axes(spec: SweepSpec) -> list[tuple[str, list[Any]]]:
 
 
 def _section_models(spec: SweepSpec) -> dict[str, type]:
-    return {"workload": type(spec.workload), "hardware": HardwareSpec, "measure": MeasureSpec}
+    models = {"workload": type(spec.workload), "hardware": HardwareSpec, "measure": MeasureSpec}
+    return {**models, "inference": InferenceSpec} if spec.inference else models
 
 
 def _base(spec: SweepSpec, section: str) -> dict[str, Any]:
@@ -172,7 +184,7 @@ def _check_axis_values(spec: SweepSpec, axes: list[tuple[str, list[Any]]]) -> No
 def _resolve(spec: SweepSpec, index: int, overrides: dict[str, Any]) -> TrialSpec:
     models = _section_models(spec)
     resolved = {}
-    for section in GRID_SECTIONS:
+    for section in models:
         data = _base(spec, section)
         data.update({k.partition(".")[2]: v for k, v in overrides.items()
                      if k.startswith(section + ".")})
@@ -207,8 +219,10 @@ def _with_workload_defaults(spec: SweepSpec, params: WorkloadParams,
 
 
 def trial_key(workload_name: str, sections: dict[str, Any]) -> str:
+    # The inference section joins the hash only where present: training keys stay as they were.
     payload = {"workload.name": workload_name,
-               **{s: sections[s].model_dump(mode="json") for s in GRID_SECTIONS}}
+               **{s: sections[s].model_dump(mode="json") for s in ALL_SECTIONS
+                  if sections.get(s) is not None}}
     blob = json.dumps(payload, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 

@@ -224,7 +224,7 @@ class RowWriter:
         self.done[trial.key] = outcome["status"]
         # what a search needs to judge a probe; raw records stay in the trial JSON only
         self.outcomes[trial.key] = {"status": outcome["status"], "metrics": outcome["metrics"]}
-        thr = outcome["metrics"].get("train/samples_per_s")
+        thr = headline(outcome["metrics"])
         log.info("trial %d %s: %s%s", trial.index, trial.key, outcome["status"],
                  f", {thr:.1f} samples/s" if thr else f" ({(outcome.get('error') or '')[:200]})")
 
@@ -278,7 +278,8 @@ class RowWriter:
             statuses = [s for s in statuses if s == "ok"]
             stages_failed += sum(s["largest_batch"] == 0 for s in self.searches)
         ok = [r for r in self.table.rows if r["status"] == "ok" and r["stage"] == "benchmark"]
-        best = max(ok, key=lambda r: r["train/samples_per_s"], default=None)
+        ok = [r for r in ok if headline(r)]
+        best = max(ok, key=headline, default=None)
         return {
             "sweep": self.spec.name, "run_id": self.run_id, "output": str(out),
             "results": str(self.table.parquet), "trials": len(statuses),
@@ -286,12 +287,20 @@ class RowWriter:
             "failed": len(statuses) - statuses.count("ok") + stages_failed,
             "status_counts": {s: statuses.count(s) for s in sorted(set(statuses))},
             "best": None if best is None else {
-                "trial_key": best["trial_key"], "samples_per_s": best["train/samples_per_s"]},
+                "trial_key": best["trial_key"], "samples_per_s": headline(best)},
             "preprocess": self.stages,
             **({"largest_batch": self.searches} if self.searches else {}),
             **({"resumed_rows": self.resumed} if self.resumed else {}),
             "elapsed_s": round(elapsed_s, 1),
         }
+
+
+def headline(metrics: dict[str, Any]) -> float | None:
+    """A row's samples per second: training, offline inference, or the Server rate found."""
+    for key in ("train/samples_per_s", "infer/samples_per_s", "server/samples_per_s"):
+        if _present(metrics.get(key)):
+            return float(metrics[key])
+    return None
 
 
 def _present(v: Any) -> bool:

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from raybench import workloads
 from raybench.data.stage import PreprocessSpec
+from raybench.scenarios import InferenceSpec
 from raybench.search import SearchSpec
 from raybench.workloads import WorkloadParams
 
@@ -138,6 +139,7 @@ class SweepSpec(Strict):
     output: OutputSpec = OutputSpec()
     preprocess: PreprocessSpec | None = None
     search: SearchSpec | None = None
+    inference: InferenceSpec | None = None
     source: str = "<memory>"
 
     def to_yaml_dict(self) -> dict[str, Any]:
@@ -154,6 +156,7 @@ class SweepSpec(Strict):
             "output": self.output.model_dump(),
             **({"preprocess": self.preprocess.model_dump(mode="json")} if self.preprocess else {}),
             **({"search": self.search.model_dump(mode="json")} if self.search else {}),
+            **({"inference": self.inference.model_dump(mode="json")} if self.inference else {}),
         }
 
 
@@ -165,7 +168,7 @@ OPTIONAL_SECTIONS: dict[str, type[Strict]] = {
     "output": OutputSpec,
 }
 TOP_KEYS = ["name", "system", "workload", "hardware", "grid", "measure", "execution", "output",
-            "preprocess", "search"]
+            "preprocess", "search", "inference"]
 
 
 def load_sweep(path: str | Path, overrides: list[str] | None = None) -> SweepSpec:
@@ -239,8 +242,31 @@ def validate_sweep(raw: dict[str, Any], source: str = "<memory>") -> SweepSpec:
     search = None
     if raw.get("search") is not None:
         search = build_model(SearchSpec, raw["search"], "search", source)
+    inference = None
+    if raw.get("inference") is not None:
+        inference = build_model(InferenceSpec, raw["inference"], "inference", source)
+        _check_inference(workload_name, sections["hardware"], search, source)
     return SweepSpec(name=name, system=system, workload_name=workload_name, workload=params,
-                     grid=grid, source=source, preprocess=preprocess, search=search, **sections)
+                     grid=grid, source=source, preprocess=preprocess, search=search,
+                     inference=inference, **sections)
+
+
+def _check_inference(workload_name: str | None, hardware: HardwareSpec,
+                     search: SearchSpec | None, source: str) -> None:
+    if workload_name is None:
+        raise SpecError(source, "inference", None, "needs a workload to serve",
+                        "add a workload: section")
+    if not workloads.get(workload_name).serves:
+        servable = [n for n in workloads.names() if workloads.get(n).serves]
+        raise SpecError(source, "workload.name", workload_name, "has no inference scenario",
+                        f"use one of {servable}, or remove the inference: section")
+    if hardware.num_gpus > 1:
+        raise SpecError(source, "hardware.num_gpus", hardware.num_gpus, "an inference replica "
+                        "holds one model copy on one GPU", "set hardware.num_gpus: 1 and "
+                        "inference.replicas to the number of GPUs")
+    if search is not None:
+        raise SpecError(source, "search", search.model_dump(), "the largest-batch search is "
+                        "for training trials", "remove search: from an inference sweep")
 
 
 def validate_workload(block: Any, source: str) -> tuple[str, WorkloadParams]:

@@ -123,6 +123,8 @@ def run_sweep(spec: SweepSpec, trials: list[TrialSpec], out: Path,
 
             search_all(spec.search.largest_batch, runnable, probe, writer)
             runnable = []  # probes are not grid trials: nothing below is missing
+        elif runnable and spec.inference:
+            _scenarios(spec, runnable, writer)
         elif runnable:
             _tune(spec, runnable, out, writer, nodes=nodes)
         for t in runnable:  # a trial Tune lost without a result is still a row
@@ -150,6 +152,19 @@ def run_sweep(spec: SweepSpec, trials: list[TrialSpec], out: Path,
             log.error("could not copy the run to %s: %s", spec.output.storage, e)
             summary["storage_error"] = str(e)
     return summary
+
+
+def _scenarios(spec: SweepSpec, trials: list[TrialSpec], writer: RowWriter) -> None:
+    """Inference trials, one after another from the driver: their replicas (actors, a Ray
+    Data actor pool) are the parallel part, and a Tune trial around them would only add a
+    resource request that must fit beside theirs."""
+    from raybench.scenarios.run import run_trial as run_scenario
+
+    for t in trials:
+        start = now()
+        outcome = run_scenario(t, "ray", spec.execution.start_timeout_s)
+        outcome.update(start_time=start, end_time=now())
+        writer.write(t, outcome)
 
 
 def _with_stage_output(trials: list[TrialSpec], outputs: list[str | None]) -> list[TrialSpec]:

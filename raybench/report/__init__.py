@@ -21,13 +21,18 @@ from raybench.report.assess import (
     recommend,
     regressions,
     varied_columns,
+    with_scaling,
     with_validity,
 )
 
 TABLE_COLUMNS = ["valid", "run_id", "stage", "trial_key", "status", THROUGHPUT,
                  "train/step_time_p50_ms", "train/step_time_p99_ms", "train/step_time_cv_pct",
                  "train/data_wait_pct", "mem/peak_allocated_mb", "host/rss_peak_mb",
-                 "train/pixels_per_s", "preprocess/chips_per_s", "search/largest_batch"]
+                 "train/pixels_per_s", "preprocess/chips_per_s", "search/largest_batch",
+                 "infer/samples_per_s", "infer/scaling_efficiency_pct",
+                 "infer/replica_samples_per_s_mean", "infer/projected_s", "infer/tokens_per_s",
+                 "server/rate_qps", "server/p50_ms", "server/p99_ms", "server/ttft_p99_ms",
+                 "server/tpot_p99_ms", "infer/accuracy", "infer/accuracy_target"]
 
 
 def load(run_dir: Path) -> dict[str, Any]:
@@ -44,7 +49,7 @@ def load(run_dir: Path) -> dict[str, Any]:
 
 def model(runs: list[dict[str, Any]], memory_budget_mb: float | None = None) -> dict[str, Any]:
     """What the page shows, from loaded runs. Pure."""
-    df = pd.concat([r["frame"] for r in runs], ignore_index=True)
+    df = with_scaling(pd.concat([r["frame"] for r in runs], ignore_index=True))
     judged = with_validity(df)
     varied = varied_columns(df[df["stage"] == "benchmark"] if "stage" in df else df)
     columns = [c for c in TABLE_COLUMNS[:5] if c in judged] + varied + \

@@ -26,6 +26,11 @@ THROUGHPUT = "train/samples_per_s"
 PIXELS = "train/pixels_per_s"
 # accuracy metrics workloads report, best first; the first present one is used
 ACCURACY_KEYS = ("xview3/aggregate", "eval/accuracy", "det/map50")
+# Inference rows: the Offline pass's samples/s, the Server rate found (in samples/s).
+OFFLINE = "infer/samples_per_s"
+SERVER = "server/samples_per_s"
+REPLICAS = "inference.replicas"
+SCALING = "infer/scaling_efficiency_pct"
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,13 @@ def validity(row: dict[str, Any], t: Thresholds = Thresholds()) -> list[str]:
         reasons.append(f"only {int(steps)} measured steps (< {t.min_steps})")
     if row.get("gpu/throttled") is True:
         reasons.append(f"GPU throttled ({row.get('gpu/throttle_reasons') or 'see telemetry'})")
+    if row.get("infer/accuracy_ok") is False:  # the accuracy gate of an inference run
+        acc = row.get("infer/accuracy")
+        reasons.append(f"accuracy {acc:.4f} < target {row.get('infer/accuracy_target'):g}"
+                       if _num(acc) else "accuracy not measured")
+    if row.get("server/met_bound") is False:
+        reasons.append(f"no rate kept p{row.get('server/latency_percentile'):g} latency under "
+                       f"{row.get('server/latency_bound_ms'):g} ms")
     return reasons
 
 
@@ -74,18 +86,41 @@ def peak_memory_mb(row: dict[str, Any]) -> float | None:
     return None
 
 
+def with_scaling(df: pd.DataFrame) -> pd.DataFrame:
+    """Offline rows gain their scaling efficiency: samples/s over replicas x the samples/s of
+    the 1-replica row of the same configuration and run (none where that row is missing)."""
+    if OFFLINE not in df or REPLICAS not in df:
+        return df
+    out = df.copy()
+    ok = out[(out["status"] == "ok") & out[OFFLINE].notna()]
+    others = [c for c in varied_columns(ok) if c != REPLICAS] + ["run_id"]
+    eff = pd.Series(float("nan"), index=out.index)
+    for _, part in ok.groupby([c for c in others if c in ok], dropna=False):
+        base = part[part[REPLICAS] == 1][OFFLINE]
+        if not base.empty:
+            eff[part.index] = 100.0 * part[OFFLINE] / (part[REPLICAS] * base.iloc[0])
+    out[SCALING] = eff
+    return out
+
+
 def recommend(df: pd.DataFrame, memory_budget_mb: float | None = None) -> dict[str, Any]:
     """Best valid benchmark trials: fastest; fastest within the budget; best accuracy/s."""
     bench = df[df["stage"] == "benchmark"] if "stage" in df else df
     varied = varied_columns(bench)
-    rows = [r for r in with_validity(bench).to_dict("records")
-            if r["valid"] and _num(r.get(THROUGHPUT))]
+    judged = with_validity(bench).to_dict("records")
+    # Training rows rank by training throughput; an inference sweep by its Offline samples/s,
+    # else by the Server rate found.
+    key = next((k for k in (THROUGHPUT, OFFLINE, SERVER)
+                if any(r["valid"] and _num(r.get(k)) for r in judged)), THROUGHPUT)
+    rows = [r for r in judged if r["valid"] and _num(r.get(key))]
     out: dict[str, Any] = {"fastest": None, "fastest_within_budget": None,
                            "best_accuracy_per_s": None, "memory_budget_mb": memory_budget_mb}
     if not rows:
         return out
+    if key != THROUGHPUT:
+        rows = [{**r, THROUGHPUT: r[key]} for r in rows]  # what _pick and the page read
     rate = PIXELS if all(_num(r.get(PIXELS)) for r in rows) else THROUGHPUT
-    out["ranked_by"] = rate
+    out["ranked_by"] = rate if rate == PIXELS or key == THROUGHPUT else key
     out["fastest"] = _pick(max(rows, key=lambda r: r[rate]), varied)
     if memory_budget_mb is not None:
         fitting = [r for r in rows if (peak_memory_mb(r) or float("inf")) <= memory_budget_mb]
@@ -117,7 +152,8 @@ def varied_columns(df: pd.DataFrame) -> list[str]:
 
     A measure.* column that only follows another axis (the tile benchmark's warmup and window
     are set per mode) is not an axis of its own and would only lengthen every label."""
-    cols = [c for c in df.columns if c.startswith(("workload.", "hardware.", "measure."))]
+    cols = [c for c in df.columns
+            if c.startswith(("workload.", "hardware.", "measure.", "inference."))]
     varied = [c for c in cols if df[c].astype(str).nunique() > 1]
     axes = [c for c in varied if not c.startswith("measure.")]
     if not axes:
@@ -143,6 +179,8 @@ def regressions(hist: pd.DataFrame, threshold_pct: float = 5.0) -> pd.DataFrame:
     """Rows of the history whose throughput fell below the median of the earlier runs of the
     same configuration by more than the threshold, widened to twice the measured CV% where
     the run was noisier than that (noise is not a regression)."""
+    if THROUGHPUT not in hist:
+        return pd.DataFrame()
     ok = hist[(hist["status"] == "ok") & hist[THROUGHPUT].notna()]
     if "stage" in ok:
         ok = ok[ok["stage"] == "benchmark"]

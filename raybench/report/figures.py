@@ -15,6 +15,7 @@ import pandas as pd
 import plotly
 import plotly.graph_objects as go
 
+from raybench.report import inference
 from raybench.report.assess import (
     ACCURACY_KEYS,
     THROUGHPUT,
@@ -29,9 +30,11 @@ PRECISION = "hardware.precision"
 
 
 def _ok(df: pd.DataFrame) -> pd.DataFrame:
+    """Training rows that ran (inference rows have figures of their own: inference.py)."""
     if "stage" in df:
         df = df[df["stage"] == "benchmark"]
-    return df[df["status"] == "ok"] if "status" in df else df
+    df = df[df["status"] == "ok"] if "status" in df else df
+    return df[df[THROUGHPUT].notna()] if THROUGHPUT in df else df.iloc[0:0]
 
 
 def _series_key(row: dict[str, Any], keys: list[str]) -> str:
@@ -259,6 +262,8 @@ def preprocess_stage(df: pd.DataFrame) -> go.Figure | None:
 
 def all_figures(df: pd.DataFrame, details: dict[str, dict[str, Any]]
                 ) -> list[tuple[str, go.Figure]]:
+    every = details
+    details = {k: d for k, d in every.items() if not (d.get("trial") or {}).get("inference")}
     candidates = [
         ("throughput", throughput_vs_batch(df)), ("scaling", scaling_efficiency(df)),
         ("memory", memory_vs_batch(df)), ("pareto", memory_vs_throughput(df)),
@@ -267,6 +272,7 @@ def all_figures(df: pd.DataFrame, details: dict[str, dict[str, Any]]
         ("accuracy", accuracy_vs_throughput(df)), ("epochs", epoch_curves(details)),
         ("preprocess", preprocess_stage(df)),
         ("comparison", comparison_per_rank(df)),
+        *inference.figures(df, every),
     ]
     return [(name, fig) for name, fig in candidates if fig is not None]
 

@@ -13,6 +13,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 if TYPE_CHECKING:
@@ -42,6 +43,9 @@ class Workload(ABC):
     # (evaluation); the timed loop then measures every step but the first `warmup_steps`,
     # and measure_steps / measure_seconds / repeats do not apply.
     epoch_based: ClassVar[bool] = False
+    # True: the workload can be served in an inference scenario (scenarios/): it implements
+    # `serving_inputs`, `setup_serving` and `serve`.
+    serves: ClassVar[bool] = False
 
     def __init__(self, params: WorkloadParams, ctx: WorkerContext):
         self.params = params
@@ -93,6 +97,23 @@ class Workload(ABC):
     def describe(self) -> dict[str, Any]:
         """Extra per-trial facts for the results (e.g. input shape); override to add some."""
         return {}
+
+    # Serving (inference scenarios). Inputs are numpy so they travel through Ray Data, and
+    # depend on the sample ids alone, so a reference pass in another precision sees the same.
+    @classmethod
+    def serving_inputs(cls, params: WorkloadParams, ids: np.ndarray) -> dict[str, np.ndarray]:
+        """Host-side inputs of these samples, deterministic per id."""
+        raise TypeError(f"workload {cls.name} has no inference scenario")
+
+    def setup_serving(self) -> None:
+        """Build the model for forward-only use on ctx.device in the trial's precision."""
+        raise TypeError(f"workload {self.name} has no inference scenario")
+
+    def serve(self, inputs: dict[str, np.ndarray]) -> dict[str, Any]:
+        """One forward on the device, finished when it returns: {"pred": per-sample integer
+        predictions (classes, pixel classes, tokens)}, plus for generative models
+        "first_token_s" (from the call's start) and "tokens" (generated per sample)."""
+        raise TypeError(f"workload {self.name} has no inference scenario")
 
 
 _REGISTRY: dict[str, type[Workload]] = {}

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import torch
 import torchvision
 from pydantic import Field, model_validator
@@ -43,6 +44,17 @@ class ResnetParams(WorkloadParams):
         return self
 
 
+def synthetic_image(seed: int, i: int, size: int) -> torch.Tensor:
+    """Sample i's random uint8 image, the same wherever and in whatever order it is made."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + i)
+    return torch.randint(0, 256, (3, size, size), dtype=torch.uint8, generator=g)
+
+
+def normalise(img: torch.Tensor) -> torch.Tensor:
+    mean, std = _MEAN.to(img.device), _STD.to(img.device)
+    return (img.float().div_(255) - mean) / std
+
+
 class SyntheticImages(Dataset):
     """Deterministic random uint8 images, normalised like decoded JPEGs would be."""
 
@@ -53,9 +65,7 @@ class SyntheticImages(Dataset):
         return self.n
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + i)
-        img = torch.randint(0, 256, (3, self.size, self.size), dtype=torch.uint8, generator=g)
-        return (img.float().div_(255) - _MEAN) / _STD, i % self.classes
+        return normalise(synthetic_image(self.seed, i, self.size)), i % self.classes
 
 
 @register
@@ -63,6 +73,7 @@ class Resnet(Workload):
     name = "resnet"
     Params = ResnetParams
     params: ResnetParams
+    serves = True
 
     def setup(self) -> None:
         p, ctx = self.params, self.ctx
@@ -125,6 +136,30 @@ class Resnet(Workload):
     @property
     def model(self) -> torch.nn.Module:
         return self._model
+
+    @classmethod
+    def serving_inputs(cls, params: WorkloadParams, ids: np.ndarray) -> dict[str, np.ndarray]:
+        # Decoded uint8 images, as an image service receives them; normalised on the replica.
+        imgs = [synthetic_image(params.seed, int(i), params.image_size) for i in ids]
+        return {"image": torch.stack(imgs).numpy()}
+
+    def setup_serving(self) -> None:
+        p = self.params
+        torch.manual_seed(p.seed)
+        self._model = getattr(torchvision.models, f"resnet{p.depth}")(num_classes=p.num_classes)
+        self._model.eval()
+        if self.ctx.inference_dtype is not None:
+            self._model.to(self.ctx.inference_dtype)
+        self.net = self.ctx.prepare_model(self._model)
+
+    def serve(self, inputs: dict[str, np.ndarray]) -> dict[str, Any]:
+        x = normalise(torch.from_numpy(inputs["image"]).to(self.ctx.device, non_blocking=True))
+        if self.ctx.inference_dtype is not None:
+            x = x.to(self.ctx.inference_dtype)
+        x = self.ctx.prepare_images(x)
+        with torch.no_grad():
+            top1 = self.net(x).argmax(dim=1)
+        return {"pred": top1.cpu().numpy()}  # the copy back waits for the device
 
     def describe(self) -> dict[str, Any]:
         return {"input_shape": [3, self.params.image_size, self.params.image_size]}

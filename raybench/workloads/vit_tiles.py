@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from pydantic import Field, model_validator
 from torch import nn
@@ -93,6 +94,7 @@ class VitTiles(Workload):
     name = "vit_tiles"
     Params = VitTilesParams
     params: VitTilesParams
+    serves = True
 
     def setup(self) -> None:
         p, ctx = self.params, self.ctx
@@ -177,6 +179,32 @@ class VitTiles(Workload):
     @property
     def model(self) -> torch.nn.Module:
         return self._model
+
+    @classmethod
+    def serving_inputs(cls, params: WorkloadParams, ids: np.ndarray) -> dict[str, np.ndarray]:
+        tiles = []
+        for i in ids:
+            g = torch.Generator().manual_seed(params.seed * 1_000_003 + int(i))
+            tiles.append(torch.randn(params.bands, params.tile, params.tile, generator=g))
+        return {"tile": torch.stack(tiles).numpy()}
+
+    def setup_serving(self) -> None:
+        # Queries come in any batch size (the last offline batch, one server query), so the
+        # forward runs eager: a CUDA graph is captured for one input shape.
+        p = self.params
+        torch.manual_seed(p.seed)
+        self._model = TileViT(p).eval()
+        if self.ctx.inference_dtype is not None:
+            self._model.to(self.ctx.inference_dtype)
+        self.net = self.ctx.prepare_model(self._model)
+
+    def serve(self, inputs: dict[str, np.ndarray]) -> dict[str, Any]:
+        x = torch.from_numpy(inputs["tile"]).to(self.ctx.device, non_blocking=True)
+        if self.ctx.inference_dtype is not None:
+            x = x.to(self.ctx.inference_dtype)
+        with torch.no_grad():
+            classes = self.net(self.ctx.prepare_images(x)).argmax(dim=1).to(torch.uint8)
+        return {"pred": classes.cpu().numpy()}
 
     @property
     def trains(self) -> bool:

@@ -1,0 +1,160 @@
+"""Figures of inference rows: results frames and trial details in, plotly figures out. Pure.
+
+Owns the Offline figures (samples/s and scaling efficiency against replicas, samples/s per node,
+the projected time of the sweep's dataset) and the Server figures (the rate search: latency
+percentile of every probed rate against the bound; the latency distribution at the rate
+found), and the accuracy gate (agreement with the fp32 reference against the target).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from raybench.report.assess import (
+    OFFLINE,
+    REPLICAS,
+    SCALING,
+    config_label,
+    varied_columns,
+    with_scaling,
+)
+
+
+def _rows(df: pd.DataFrame, scenario: str) -> pd.DataFrame:
+    if "inference.scenario" not in df:
+        return df.iloc[0:0]
+    part = df[(df["inference.scenario"] == scenario) & (df["status"] == "ok")]
+    return part[part["stage"] == "benchmark"] if "stage" in part else part
+
+
+def _label(row: dict[str, Any], varied: list[str], drop: tuple[str, ...] = ()) -> str:
+    return config_label(row, [c for c in varied if c not in drop and c != "inference.scenario"])
+
+
+def offline_scaling(df: pd.DataFrame) -> go.Figure | None:
+    off = _rows(with_scaling(df), "offline")
+    if off.empty:
+        return None
+    varied = varied_columns(off)
+    fig = go.Figure()
+    others = [c for c in varied if c != REPLICAS]
+    groups = off.groupby(others, dropna=False) if others else [("all", off)]
+    for _, part in groups:
+        part = part.sort_values(REPLICAS)
+        label = _label(part.iloc[0].to_dict(), others) or "all trials"
+        eff = [f"{e:.0f}% of ideal" if e == e else "" for e in part.get(SCALING, [])]
+        fig.add_trace(go.Bar(x=part[REPLICAS].astype(str), y=part[OFFLINE], name=label,
+                             text=eff, textposition="outside"))
+    fig.update_layout(title="Offline: samples/s by replicas (label: scaling efficiency)",
+                      xaxis_title="replicas", yaxis_title="samples/s (all replicas)",
+                      barmode="group")
+    return fig
+
+
+def offline_per_node(df: pd.DataFrame) -> go.Figure | None:
+    off = _rows(df, "offline")
+    if off.empty or "infer/node_samples_per_s" not in off:
+        return None
+    varied = varied_columns(off)
+    labels, per_node = [], []
+    for r in off.to_dict("records"):
+        labels.append(_label(r, varied) or r["trial_key"])
+        per_node.append(json.loads(r["infer/node_samples_per_s"] or "{}"))
+    nodes = sorted({n for d in per_node for n in d})
+    fig = go.Figure()
+    for node in nodes:
+        fig.add_trace(go.Bar(x=labels, y=[d.get(node) for d in per_node], name=node))
+    fig.update_layout(title="Offline: samples/s per node", barmode="stack",
+                      yaxis_title="samples/s")
+    return fig
+
+
+def offline_projection(df: pd.DataFrame) -> go.Figure | None:
+    off = _rows(df, "offline")
+    if off.empty or "infer/projected_s" not in off or off["infer/projected_s"].isna().all():
+        return None
+    off = off[off["infer/projected_s"].notna()]
+    varied = varied_columns(off)
+    n = int(off["infer/project_samples"].iloc[0])
+    fig = go.Figure(go.Bar(x=[_label(r, varied) or r["trial_key"] for r in off.to_dict("records")],
+                           y=off["infer/projected_s"] / 60, name="projected"))
+    fig.update_layout(title=f"Offline: projected time for {n:,} samples (start-up + samples at "
+                      "the measured rate)", yaxis_title="minutes")
+    return fig
+
+
+def server_search(df: pd.DataFrame) -> go.Figure | None:
+    srv = _rows(df, "server")
+    if srv.empty or "server/search" not in srv:
+        return None
+    varied = varied_columns(srv)
+    fig = go.Figure()
+    bound = None
+    for r in srv.to_dict("records"):
+        probes = json.loads(r["server/search"] or "[]")
+        pct = f"p{r['server/latency_percentile']:g}_ms"
+        bound = r.get("server/latency_bound_ms") or bound
+        probes.sort(key=lambda p: p["rate_qps"])
+        fig.add_trace(go.Scatter(
+            x=[p["rate_qps"] for p in probes],
+            y=[p[pct] if p[pct] is not None else None for p in probes],
+            mode="lines+markers", name=_label(r, varied) or r["trial_key"],
+            marker={"symbol": ["circle" if p["passed"] else "x" for p in probes], "size": 10},
+            text=["met" if p["passed"] else "missed (beyond the axis where empty)"
+                  for p in probes]))
+    if bound:
+        fig.add_hline(y=bound, line_dash="dash", line_color="crimson",
+                      annotation_text=f"bound {bound:g} ms")
+    fig.update_layout(title="Server: latency percentile of every probed Poisson rate (x: the "
+                      "bound was missed)", xaxis_title="queries/s", yaxis_title="latency ms")
+    return fig
+
+
+def server_latency(details: dict[str, dict[str, Any]], df: pd.DataFrame) -> go.Figure | None:
+    srv = _rows(df, "server")
+    if srv.empty:
+        return None
+    varied = varied_columns(srv)
+    fig = go.Figure()
+    for r in srv.to_dict("records"):
+        records = (details.get(r["trial_key"]) or {}).get("records") or []
+        lat = [x for x in (records[0].get("latency_ms") or []) if x is not None] if records else []
+        if not lat:
+            continue
+        rate = r.get("server/rate_qps")
+        name = (_label(r, varied) or r["trial_key"]) + (f" at {rate:.1f} q/s" if rate else "")
+        fig.add_trace(go.Box(y=lat, name=name, boxpoints=False))
+    if not fig.data:
+        return None
+    fig.update_layout(title="Server: query latency at the rate found", yaxis_title="ms")
+    return fig
+
+
+def accuracy_gate(df: pd.DataFrame) -> go.Figure | None:
+    if "infer/accuracy" not in df or df["infer/accuracy"].isna().all():
+        return None
+    rows = df[df["infer/accuracy"].notna()]
+    varied = varied_columns(rows)
+    labels = [_label(r, varied, ()) or r["trial_key"] for r in rows.to_dict("records")]
+    colour = ["seagreen" if ok else "crimson" for ok in rows["infer/accuracy_ok"]]
+    fig = go.Figure(go.Bar(x=labels, y=rows["infer/accuracy"], marker_color=colour,
+                           name="agreement with the fp32 reference"))
+    target = rows["infer/accuracy_target"].dropna()
+    if not target.empty:
+        fig.add_hline(y=float(target.iloc[0]), line_dash="dash",
+                      annotation_text=f"target {float(target.iloc[0]):g}")
+    fig.update_layout(title="Accuracy gate: agreement with an fp32 reference pass (red: "
+                      "below target, run invalid)", yaxis_title="agreement")
+    return fig
+
+
+def figures(df: pd.DataFrame, details: dict[str, dict[str, Any]]
+            ) -> list[tuple[str, go.Figure | None]]:
+    return [("offline_scaling", offline_scaling(df)), ("offline_nodes", offline_per_node(df)),
+            ("offline_projection", offline_projection(df)), ("server", server_search(df)),
+            ("server_latency", server_latency(details, df)),
+            ("accuracy_gate", accuracy_gate(df))]

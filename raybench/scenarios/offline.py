@@ -1,0 +1,198 @@
+"""The Offline scenario: every sample of a dataset through the replicas, as fast as they go.
+
+Owns the two ways of running it (Ray Data: inputs made by tasks, `map_batches` over a fixed pool
+of replica actors, one GPU each where the trial has GPUs; in-process: one thread per replica
+pulling batches from a shared queue) and the figures (pure `summarize`): throughput over the
+timed pass (first batch start to last batch end, replica clocks), each replica's rate while
+busy, per-node throughput, utilisation, batch latency, agreement with the reference and the
+projected time of a dataset of `project_samples` (replica start-up plus that many samples at
+the measured rate).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import queue
+import threading
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+from raybench.grid import TrialSpec
+from raybench.scenarios.replica import Replica
+
+
+def summarize(records: list[dict[str, Any]], stats: list[dict[str, Any]], trial: TrialSpec,
+              ) -> dict[str, Any]:
+    """Row metrics of one offline pass from its per-batch records and replica facts (pure)."""
+    inf = trial.inference
+    n = sum(r["n"] for r in records)
+    wall = max(r["t_end"] for r in records) - min(r["t_start"] for r in records)
+    by_replica: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+    by_node: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in records:
+        by_replica[r["replica"]].append(r)
+        by_node[r["node"]].append(r)
+    busy_rates = [sum(r["n"] for r in rs) / sum(r["service_s"] for r in rs)
+                  for rs in by_replica.values()]
+    per_node = {node: sum(r["n"] for r in rs) / wall for node, rs in sorted(by_node.items())}
+    batch_ms = np.array([r["service_s"] for r in records]) * 1e3
+    setup = max(s["setup_s"] for s in stats) if stats else 0.0
+    rate = n / wall
+    out: dict[str, Any] = {
+        "infer/samples": n,
+        "infer/wall_s": wall,
+        "infer/samples_per_s": rate,
+        "infer/replicas_used": len(by_replica),
+        "infer/nodes_used": len(by_node),
+        "infer/replica_samples_per_s_mean": float(np.mean(busy_rates)),
+        "infer/replica_samples_per_s_min": float(np.min(busy_rates)),
+        "infer/replica_samples_per_s_max": float(np.max(busy_rates)),
+        "infer/node_samples_per_s": json.dumps(per_node),  # a column of one type
+        "infer/busy_pct": 100 * sum(r["service_s"] for r in records) / (len(by_replica) * wall),
+        "infer/batch_p50_ms": float(np.percentile(batch_ms, 50)),
+        "infer/batch_p99_ms": float(np.percentile(batch_ms, 99)),
+        "infer/setup_s": setup,
+    }
+    if inf.project_samples:
+        out["infer/project_samples"] = inf.project_samples
+        out["infer/projected_s"] = setup + inf.project_samples / rate
+    gen = [r for r in records if r.get("first_token_s") is not None]
+    if gen:
+        p = trial.workload
+        prefill = sum(r["first_token_s"] for r in gen)
+        decode = sum(r["service_s"] - r["first_token_s"] for r in gen)
+        out["infer/tokens_per_s"] = sum(r["n"] * r["tokens"] for r in gen) / wall
+        # While prefilling / decoding, per replica, summed over replicas: the two phases'
+        # own rates, which a serving system schedules separately.
+        out["infer/prefill_tokens_per_s"] = len(by_replica) * sum(
+            r["n"] * p.prompt_tokens for r in gen) / prefill
+        out["infer/decode_tokens_per_s"] = len(by_replica) * sum(
+            r["n"] * (r["tokens"] - 1) for r in gen) / decode if decode > 0 else None
+    out.update(accuracy(records, inf))
+    out.update(replica_memory(stats))
+    return out
+
+
+def accuracy(records: list[dict[str, Any]], inf: Any) -> dict[str, Any]:
+    """Agreement with the fp32 reference over every compared element, and the gate."""
+    if inf.accuracy_target is None:
+        return {}
+    compared = sum(r["compared"] for r in records)
+    value = sum(r["matches"] for r in records) / compared if compared else None
+    return {"infer/accuracy": value, "infer/accuracy_target": inf.accuracy_target,
+            "infer/accuracy_compared": compared,
+            "infer/accuracy_ok": value is not None and value >= inf.accuracy_target}
+
+
+def replica_memory(stats: list[dict[str, Any]]) -> dict[str, Any]:
+    gpu = [s["peak_allocated_mb"] for s in stats if s.get("peak_allocated_mb") is not None]
+    return {"mem/peak_allocated_mb": max(gpu) if gpu else None,
+            "host/rss_peak_mb": max((s["rss_peak_mb"] for s in stats), default=None)}
+
+
+def run_local(trial: TrialSpec, devices: list[Any]) -> tuple[list[dict], list[dict]]:
+    """Offline pass in this process: one thread per replica, batches from a shared queue."""
+    inf, b = trial.inference, trial.workload.batch_size
+    replicas = [Replica(trial, i, device) for i, device in enumerate(devices)]
+    work: queue.Queue[np.ndarray] = queue.Queue()
+    for lo in range(0, inf.samples, b):
+        work.put(np.arange(lo, min(lo + b, inf.samples)))
+    records: list[dict[str, Any]] = []
+    errors: list[BaseException] = []
+
+    def drain(replica: Replica) -> None:
+        try:
+            while True:
+                try:
+                    ids = work.get_nowait()
+                except queue.Empty:
+                    return
+                inputs = replica.cls.serving_inputs(trial.workload, ids)
+                records.append(replica.serve(ids, inputs))
+        except BaseException as e:  # re-raised in the caller: a failed trial is a row
+            errors.append(e)
+
+    threads = [threading.Thread(target=drain, args=(r,)) for r in replicas]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return records, [r.stats() for r in replicas]
+
+
+def run_ray(trial: TrialSpec, start_timeout_s: float) -> tuple[list[dict], list[dict]]:
+    """Offline pass on Ray Data: input tasks -> fixed actor pool of replicas -> driver."""
+    import ray
+
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False
+    # A replica pool that cannot start must fail, not wait forever (Ray's default): placement
+    # was checked before, so this covers replicas whose start-up (model, reference) hangs.
+    ctx.wait_for_min_actors_s = start_timeout_s + 300
+    ctx.actor_init_retry_on_errors = False
+    inf, hw, b = trial.inference, trial.hardware, trial.workload.batch_size
+    d = trial.to_dict()
+    ds = ray.data.range(inf.samples, override_num_blocks=max(1, min(math.ceil(inf.samples / b),
+                                                                     256)))
+    ds = ds.map_batches(_inputs, fn_kwargs={"trial": d}, batch_size=b, num_cpus=0.25)
+    ds = ds.map_batches(
+        _RayReplica, fn_constructor_kwargs={"trial": d}, batch_size=b,
+        compute=ray.data.ActorPoolStrategy(size=inf.replicas),
+        num_cpus=hw.cpus_per_worker, num_gpus=1 if hw.use_gpu else 0)
+    rows = ds.take_all()
+    return _unpack(rows)
+
+
+def _inputs(batch: dict[str, np.ndarray], trial: dict[str, Any]) -> dict[str, np.ndarray]:
+    t = TrialSpec.from_dict(trial)
+    from raybench import workloads
+
+    ids = batch["id"]
+    return {"id": ids, **workloads.get(t.workload_name).serving_inputs(t.workload, ids)}
+
+
+class _RayReplica:
+    """Ray Data's callable class around a Replica; one row per sample, batch facts repeated."""
+
+    def __init__(self, trial: dict[str, Any]):
+        import ray
+
+        rt = ray.get_runtime_context()
+        self.replica = Replica(trial, index=rt.get_actor_id()[:12],
+                               node=ray.util.get_node_ip_address())
+        self.seq = 0
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        ids = batch["id"]
+        inputs = {k: v for k, v in batch.items() if k != "id"}
+        rec = self.replica.serve(ids, inputs)
+        self.seq += 1
+        facts = {**rec, **{f"stat_{k}": v for k, v in self.replica.stats().items()},
+                 "seq": self.seq}
+        n = len(ids)
+        cols = {"id": ids}
+        for k, v in facts.items():
+            cols[k] = np.array([v] * n, dtype=object if v is None or isinstance(v, str) else None)
+        return cols
+
+
+def _unpack(rows: list[dict[str, Any]]) -> tuple[list[dict], list[dict]]:
+    """Per-sample rows back to per-batch records and per-replica facts."""
+    batches: dict[tuple[Any, int], dict[str, Any]] = {}
+    stats: dict[Any, dict[str, Any]] = {}
+    for row in rows:
+        key = (row["replica"], int(row["seq"]))
+        if key not in batches:
+            batches[key] = {k: _plain(v) for k, v in row.items()
+                            if not k.startswith("stat_") and k not in ("id", "seq")}
+        stats[row["replica"]] = {k[5:]: _plain(v) for k, v in row.items() if k.startswith("stat_")}
+    return list(batches.values()), list(stats.values())
+
+
+def _plain(v: Any) -> Any:
+    return v.item() if isinstance(v, np.generic) else v

@@ -1,0 +1,107 @@
+"""One model replica: the workload built for serving on one device, timing each call.
+
+The same object runs inside a Ray actor (server), a Ray Data actor pool (offline) and a thread of
+the in-process runner; it imports no Ray. At start it builds the model in the trial's precision,
+computes the fp32 reference predictions of the accuracy samples (when a target is set) with a
+second copy of the same weights, and runs untimed warmup calls; then each call returns its
+predictions' agreement with the reference where there is one, and its own timing.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import socket
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from raybench import workloads
+from raybench.context import WorkerContext
+from raybench.grid import TrialSpec
+from raybench.memory import peak_rss_mb
+
+
+class Replica:
+    def __init__(self, trial: dict[str, Any] | TrialSpec, index: int = 0,
+                 device: torch.device | None = None, node: str | None = None):
+        start = time.perf_counter()
+        self.trial = trial if isinstance(trial, TrialSpec) else TrialSpec.from_dict(trial)
+        t, inf = self.trial, self.trial.inference
+        self.index, self.node = index, node or socket.gethostname()
+        if device is None:  # under Ray the replica's one GPU is cuda:0 (CUDA_VISIBLE_DEVICES)
+            device = torch.device("cuda", 0) if t.hardware.use_gpu else torch.device("cpu")
+        self.device = device
+        self.cls = workloads.get(t.workload_name)
+        self.reference: dict[int, np.ndarray] = {}
+        if inf.accuracy_target is not None:
+            self.reference = self._reference(np.arange(inf.accuracy_samples))
+        self.workload = self._build(t.hardware)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        warm = np.arange(t.workload.batch_size)
+        inputs = self.cls.serving_inputs(t.workload, warm)
+        self.warmup_s = []
+        for _ in range(inf.warmup_batches):
+            began = time.perf_counter()
+            self.workload.serve(inputs)
+            self.warmup_s.append(time.perf_counter() - began)
+        self.setup_s = time.perf_counter() - start
+
+    def _build(self, hardware) -> workloads.Workload:
+        ctx = WorkerContext(0, 0, 1, 0, self.device, hardware)
+        ctx.set_math_mode()
+        workload = self.cls(self.trial.workload, ctx)
+        workload.setup_serving()
+        return workload
+
+    def _reference(self, ids: np.ndarray) -> dict[int, np.ndarray]:
+        """Predictions of the same weights in IEEE fp32 (no compile) on the same inputs."""
+        hw = self.trial.hardware.model_copy(update={"precision": "fp32", "compile": False})
+        ref = self._build(hw)
+        out: dict[int, np.ndarray] = {}
+        b = self.trial.workload.batch_size
+        for lo in range(0, len(ids), b):
+            chunk = ids[lo:lo + b]
+            pred = ref.serve(self.cls.serving_inputs(self.trial.workload, chunk))["pred"]
+            out.update({int(i): p for i, p in zip(chunk, pred, strict=True)})
+        del ref
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        return out
+
+    def serve(self, ids: np.ndarray, inputs: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
+        """One timed call: the forward of these samples, plus their agreement counts."""
+        if inputs is None:
+            inputs = self.cls.serving_inputs(self.trial.workload, ids)
+        wall = time.time()
+        began = time.perf_counter()
+        out = self.workload.serve(inputs)
+        service_s = time.perf_counter() - began
+        matches = compared = 0
+        for i, pred in zip(ids, out["pred"], strict=True):
+            ref = self.reference.get(int(i))
+            if ref is not None:
+                matches += int(np.sum(np.asarray(pred) == ref))
+                compared += int(np.asarray(ref).size)
+        return {
+            "replica": self.index, "node": self.node, "pid": os.getpid(), "n": len(ids),
+            "t_start": wall, "t_end": wall + service_s, "service_s": service_s,
+            "first_token_s": out.get("first_token_s"), "tokens": out.get("tokens"),
+            "matches": matches, "compared": compared,
+        }
+
+    def stats(self) -> dict[str, Any]:
+        """Start-up and memory facts of this replica."""
+        cuda = self.device.type == "cuda"
+        return {
+            "replica": self.index, "node": self.node, "setup_s": self.setup_s,
+            "warmup_service_s": float(np.median(self.warmup_s)) if self.warmup_s else None,
+            "device_name": torch.cuda.get_device_name(self.device) if cuda else "cpu",
+            "peak_allocated_mb": torch.cuda.max_memory_allocated(self.device) / 2**20
+            if cuda else None,
+            "rss_peak_mb": peak_rss_mb(),
+        }

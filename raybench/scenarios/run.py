@@ -1,0 +1,178 @@
+"""One inference trial, on Ray (replica actors, Ray Data) or in this process (threads).
+
+Owns starting the replicas and handing them to the scenario, the row metrics of the Server
+scenario, and turning any failure into a row. sweep.py calls `run_trial(..., runner="ray")`
+from the driver, bench.py `runner="local"`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import torch
+
+from raybench import workloads
+from raybench.failures import failure
+from raybench.grid import TrialSpec
+from raybench.scenarios import offline, server
+from raybench.scenarios.replica import Replica
+
+QUERY_POOL = 64  # distinct query inputs a Server run cycles through (made once, sent many times)
+
+
+def run_trial(trial: TrialSpec, runner: str, start_timeout_s: float = 30.0) -> dict[str, Any]:
+    try:
+        if trial.inference.scenario == "offline":
+            if runner == "ray":
+                records, stats = offline.run_ray(trial, start_timeout_s)
+            else:
+                records, stats = offline.run_local(trial, _local_devices(trial))
+            metrics = offline.summarize(records, stats, trial)
+            return {"status": "ok", "metrics": metrics, "records": records, "ranks": stats}
+        if runner == "ray":
+            return _server_ray(trial, start_timeout_s)
+        return _server_local(trial)
+    except Exception as e:  # a failed trial is a row
+        return failure(e, trial.resources())
+
+
+def _local_devices(trial: TrialSpec) -> list[torch.device]:
+    n = trial.inference.replicas
+    if not trial.hardware.use_gpu:
+        return [torch.device("cpu")] * n
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if n > have:
+        raise RuntimeError(f"infeasible: {n} GPU replicas asked but this machine has {have} "
+                           "GPUs")
+    return [torch.device("cuda", i) for i in range(n)]
+
+
+def query_ids(trial: TrialSpec, k: int) -> np.ndarray:
+    """The samples of query k: queries cycle through QUERY_POOL distinct inputs."""
+    q = trial.inference.query_samples
+    return np.arange((k % QUERY_POOL) * q, (k % QUERY_POOL + 1) * q)
+
+
+def server_outcome(trial: TrialSpec, best: dict[str, Any] | None, probes: list[dict[str, Any]],
+                   stats: list[dict[str, Any]], capacity: float) -> dict[str, Any]:
+    """Row metrics of a Server run (pure): the rate found (or run) and its latencies."""
+    inf = trial.inference
+    shown = best or probes[-1]
+    metrics: dict[str, Any] = {
+        "server/rate_qps": best["rate_qps"] if best else None,
+        "server/met_bound": best is not None,
+        "server/latency_bound_ms": inf.latency_bound_ms,
+        "server/latency_percentile": inf.latency_percentile,
+        "server/capacity_estimate_qps": capacity,
+        "server/probes": len(probes),
+        "server/queries": shown["queries"],
+        "server/samples_per_s": best["rate_qps"] * inf.query_samples if best else None,
+    }
+    for k in ("p50_ms", "p90_ms", "p99_ms", "service_mean_ms", "ttft_p50_ms", "ttft_p99_ms",
+              "tpot_p50_ms", "tpot_p99_ms"):
+        if k in shown:
+            metrics[f"server/{k}"] = shown[k]
+    metrics["server/search"] = json.dumps([
+        {"rate_qps": round(p["rate_qps"], 4), f"p{inf.latency_percentile:g}_ms":
+         p.get(f"p{inf.latency_percentile:g}_ms"), "passed": p["passed"],
+         "queries": p["queries"]} for p in probes])
+    every = [r for p in probes for r in p["_run"]["records"] if r is not None]
+    metrics.update(offline.accuracy(every, inf))
+    metrics.update(offline.replica_memory(stats))
+    lat = shown["_run"]["latency_s"]
+    records = [{"probe": [_plain(p) for p in probes],
+                "latency_ms": [None if not np.isfinite(x) else round(float(x) * 1e3, 4)
+                               for x in lat]}]
+    return {"status": "ok", "metrics": metrics, "records": records, "ranks": stats}
+
+
+def _plain(probe: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in probe.items() if k != "_run"}
+
+
+def _capacity(stats: list[dict[str, Any]]) -> float:
+    """Queries per second the replicas can answer back to back, from their warmup calls."""
+    times = [s["warmup_service_s"] for s in stats if s.get("warmup_service_s")]
+    if not times:
+        raise ValueError("the server search needs inference.warmup_batches >= 1 to estimate "
+                         "the replicas' capacity (or set rate_qps / rate_max_qps)")
+    return sum(1 / t for t in times)
+
+
+def _query_inputs(trial: TrialSpec) -> list[dict[str, np.ndarray]]:
+    cls = workloads.get(trial.workload_name)
+    return [cls.serving_inputs(trial.workload, query_ids(trial, k)) for k in range(QUERY_POOL)]
+
+
+def _server_local(trial: TrialSpec) -> dict[str, Any]:
+    # Warmup calls carry batch_size samples; a query carries query_samples.
+    trial = _query_sized(trial)
+    replicas = [Replica(trial, i, d) for i, d in enumerate(_local_devices(trial))]
+    pools = [ThreadPoolExecutor(1, thread_name_prefix=f"replica{i}") for i in range(len(replicas))]
+    inputs = _query_inputs(trial)
+
+    def call_of(i: int):
+        async def call(k: int) -> dict[str, Any]:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(pools[i], replicas[i].serve, query_ids(trial, k),
+                                              inputs[k % QUERY_POOL])
+        return call
+
+    try:
+        stats = [r.stats() for r in replicas]
+        capacity = _capacity(stats) if trial.inference.rate_qps is None else 0.0
+        best, probes = server.run_search([call_of(i) for i in range(len(replicas))],
+                                         trial.inference, capacity)
+        return server_outcome(trial, best, probes, [r.stats() for r in replicas], capacity)
+    finally:
+        for p in pools:
+            p.shutdown(wait=False)
+
+
+def _query_sized(trial: TrialSpec) -> TrialSpec:
+    """The trial whose warmup batch is one query, so the measured warmup time is a query's."""
+    import dataclasses
+
+    b = trial.inference.query_samples
+    return dataclasses.replace(trial, workload=trial.workload.model_copy(update={"batch_size": b}))
+
+
+class _RayServerReplica(Replica):
+    def __init__(self, trial: dict[str, Any], index: int):
+        import ray
+
+        super().__init__(trial, index, node=ray.util.get_node_ip_address())
+
+
+def _server_ray(trial: TrialSpec, start_timeout_s: float) -> dict[str, Any]:
+    import ray
+
+    trial = _query_sized(trial)
+    hw = trial.hardware
+    actor = ray.remote(num_cpus=hw.cpus_per_worker, num_gpus=1 if hw.use_gpu else 0,
+                       max_restarts=0)(_RayServerReplica)
+    d = trial.to_dict()
+    replicas = [actor.remote(d, i) for i in range(trial.inference.replicas)]
+    try:
+        # Ready when their start-up (model, reference pass, warmup) is done; placement was
+        # checked before, so the limit only bounds a start-up that never ends.
+        stats = ray.get([r.stats.remote() for r in replicas], timeout=start_timeout_s + 300)
+        refs = [ray.put(x) for x in _query_inputs(trial)]
+
+        def call_of(r):
+            async def call(k: int) -> dict[str, Any]:
+                return await r.serve.remote(query_ids(trial, k), refs[k % QUERY_POOL])
+            return call
+
+        capacity = _capacity(stats) if trial.inference.rate_qps is None else 0.0
+        best, probes = server.run_search([call_of(r) for r in replicas], trial.inference,
+                                         capacity)
+        stats = ray.get([r.stats.remote() for r in replicas], timeout=60)
+        return server_outcome(trial, best, probes, stats, capacity)
+    finally:
+        for r in replicas:
+            ray.kill(r)

@@ -1,0 +1,195 @@
+"""The Server scenario: Poisson arrivals, a shared queue in front of the replicas, latency.
+
+Owns the arrival schedule (a seeded unit-rate Exponential sequence scaled by 1/rate, so every
+probed rate replays the same arrival pattern and the latency percentile grows monotonically
+with the rate, as in a single queue it must), the dispatcher (queries wait in one FIFO queue
+and go to whichever replica is free: the least-loaded routing a serving front end does), the
+latency figures, and the search for the highest rate whose percentile stays under the bound
+(the MLPerf Server rule). Latency runs from a query's scheduled arrival, so a generator that
+falls behind cannot hide queueing. Replicas are plain async callables: Ray actors or threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+Call = Callable[[int], Awaitable[dict[str, Any]]]  # query index -> the replica's record
+MAX_PROBES = 16
+
+
+def unit_gaps(seed: int, n: int) -> np.ndarray:
+    """Inter-arrival gaps of a rate-1 Poisson process; divided by the rate when used."""
+    return np.random.default_rng([seed, 0x5E7E]).exponential(1.0, n)
+
+
+def query_count(rate: float, seconds: float, min_queries: int) -> int:
+    return max(min_queries, math.ceil(rate * seconds))
+
+
+async def run_load(replicas: Sequence[Call], rate: float, gaps: np.ndarray,
+                   bound_s: float | None, percentile: float) -> dict[str, Any]:
+    """Send len(gaps) queries at `rate`; returns the latencies (inf: never answered) and the
+    replica records. With a bound, stops as soon as more queries were late than the
+    percentile allows: the rest could not change the verdict."""
+    loop = asyncio.get_running_loop()
+    arrivals = np.cumsum(gaps) / rate
+    n = len(arrivals)
+    allowed_late = math.floor(n * (1 - percentile / 100))
+    latency = np.full(n, np.inf)
+    records: list[dict[str, Any] | None] = [None] * n
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    late = 0
+    errors: list[BaseException] = []
+    failed = asyncio.Event()
+    issued = asyncio.Event()
+    halt = threading.Event()
+    t0 = time.monotonic() + 0.01  # the loop's clock is time.monotonic too
+
+    def issue() -> None:
+        # A thread, not a coroutine: the event loop's timers wake up to 1 ms late (epoll's
+        # millisecond timeout), which would show as latency; time.sleep is finer.
+        for k, at in enumerate(arrivals):
+            delay = t0 + at - time.monotonic()
+            if delay > 0 and halt.wait(delay):
+                return
+            loop.call_soon_threadsafe(queue.put_nowait, k)
+        loop.call_soon_threadsafe(issued.set)
+
+    async def worker(call: Call) -> None:
+        nonlocal late
+        while True:
+            k = await queue.get()
+            try:
+                records[k] = await call(k)
+                latency[k] = time.monotonic() - (t0 + arrivals[k])
+                if bound_s is not None and latency[k] > bound_s:
+                    late += 1
+                    if late > allowed_late:
+                        failed.set()
+            except Exception as e:  # a replica that fails ends the run: the trial is an error
+                errors.append(e)
+                failed.set()
+                return
+            finally:
+                queue.task_done()
+
+    workers = [asyncio.ensure_future(worker(c)) for c in replicas]
+    issuer = threading.Thread(target=issue, name="raybench-arrivals", daemon=True)
+    issuer.start()
+    done_all = asyncio.ensure_future(_all_answered(issued, queue))
+    stop = asyncio.ensure_future(failed.wait())
+    # A replica that stops answering must not hang the sweep.
+    limit = float(arrivals[-1]) * 4 + 120
+    finished, _ = await asyncio.wait([done_all, stop], timeout=limit,
+                                     return_when=asyncio.FIRST_COMPLETED)
+    halt.set()
+    issuer.join()
+    for task in (*workers, done_all, stop):
+        task.cancel()
+    await asyncio.gather(*workers, done_all, stop, return_exceptions=True)
+    if errors:
+        raise errors[0]
+    if not finished:
+        raise TimeoutError(f"the replicas answered {int(np.isfinite(latency).sum())} of {n} "
+                           f"queries at {rate:.4g} queries/s in {limit:.0f} s")
+    return {"rate": rate, "latency_s": latency, "records": records,
+            "duration_s": float(arrivals[-1]), "stopped_early": failed.is_set()}
+
+
+async def _all_answered(issued: asyncio.Event, queue: asyncio.Queue) -> None:
+    await issued.wait()
+    await queue.join()
+
+
+def percentile_of(values: np.ndarray, q: float) -> float:
+    """The sample at the q-th percentile, no interpolation (MLPerf LoadGen's way; and an
+    unanswered query, inf, stays inf instead of turning an interpolation into nan)."""
+    return float(np.percentile(values, q, method="inverted_cdf")) if len(values) else math.inf
+
+
+def summarize(run: dict[str, Any], bound_s: float | None, percentile: float) -> dict[str, Any]:
+    """Percentiles of one rate's run (pure). Unanswered queries count as infinitely late."""
+    lat = run["latency_s"]
+    answered = [r for r in run["records"] if r is not None]
+    pct = percentile_of(lat, percentile)
+    out: dict[str, Any] = {
+        "rate_qps": run["rate"], "queries": len(lat), "answered": len(answered),
+        "p50_ms": _ms(percentile_of(lat, 50)), "p90_ms": _ms(percentile_of(lat, 90)),
+        "p99_ms": _ms(percentile_of(lat, 99)), f"p{percentile:g}_ms": _ms(pct),
+        "service_mean_ms": float(np.mean([r["service_s"] for r in answered]) * 1e3)
+        if answered else None,
+        "stopped_early": run["stopped_early"],
+        "passed": bound_s is None or (pct <= bound_s and not run["stopped_early"]),
+    }
+    tokens = [r for r in answered if r.get("first_token_s") is not None]
+    if tokens:  # time to first token: the latency less the decode part of the service time
+        done = [(run["latency_s"][k], r) for k, r in enumerate(run["records"]) if r is not None]
+        ttft = np.array([lat_k - (r["service_s"] - r["first_token_s"]) for lat_k, r in done])
+        tpot = np.array([(r["service_s"] - r["first_token_s"]) / max(r["tokens"] - 1, 1)
+                         for _, r in done])
+        out.update({"ttft_p50_ms": _ms(percentile_of(ttft, 50)),
+                    "ttft_p99_ms": _ms(percentile_of(ttft, 99)),
+                    "tpot_p50_ms": _ms(percentile_of(tpot, 50)),
+                    "tpot_p99_ms": _ms(percentile_of(tpot, 99))})
+    return out
+
+
+def _ms(seconds: float) -> float | None:
+    return None if not math.isfinite(seconds) else float(seconds * 1e3)
+
+
+def search_rate(probe: Callable[[float], dict[str, Any]], start: float, cap: float,
+                tolerance_pct: float) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """Highest passing rate: double from `start` (halve if it fails) until the verdict changes,
+    then bisect until the bracket is within `tolerance_pct`. Returns the best passing probe
+    (None: even the lowest rate tried failed) and every probe in order. Pure over `probe`."""
+    probes: list[dict[str, Any]] = []
+    best: dict[str, Any] | None = None
+    lo, hi = None, None  # highest passing, lowest failing rate
+    rate = min(start, cap)
+    while len(probes) < MAX_PROBES:
+        result = probe(rate)
+        probes.append(result)
+        if result["passed"]:
+            lo, best = rate, result if best is None or rate > best["rate_qps"] else best
+        else:
+            hi = rate
+        if lo is not None and hi is not None:
+            if hi / lo - 1 <= tolerance_pct / 100:
+                break
+            rate = math.sqrt(lo * hi)
+        elif hi is None:  # everything so far passed
+            if rate >= cap:
+                break  # the limit is above what may be tried
+            rate = min(rate * 2, cap)
+        else:  # everything so far failed
+            rate /= 2
+            if rate < start / 2**10:
+                break
+    return best, probes
+
+
+def run_search(replicas: Sequence[Call], inf: Any, capacity_qps: float,
+               ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """The Server scenario over ready replicas: one fixed rate, or the search."""
+    bound_s = inf.latency_bound_ms / 1e3 if inf.latency_bound_ms else None
+
+    def probe(rate: float) -> dict[str, Any]:
+        gaps = unit_gaps(inf.seed, query_count(rate, inf.probe_seconds, inf.min_queries))
+        began = time.perf_counter()
+        run = asyncio.run(run_load(replicas, rate, gaps, bound_s, inf.latency_percentile))
+        return {**summarize(run, bound_s, inf.latency_percentile),
+                "wall_s": time.perf_counter() - began, "_run": run}
+
+    if inf.rate_qps is not None:
+        result = probe(inf.rate_qps)
+        return (result if result["passed"] else None), [result]
+    cap = inf.rate_max_qps or 1.5 * capacity_qps
+    return search_rate(probe, min(0.5 * capacity_qps, cap), cap, inf.rate_tolerance_pct)

@@ -1,0 +1,177 @@
+"""Inference scenarios, pure parts: the rate search, latency and offline figures, the gate."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from raybench.grid import expand
+from raybench.report import assess, inference
+from raybench.scenarios import offline, server
+from raybench.spec import SpecError, validate_sweep
+
+BASE = {"name": "t", "system": {"label": "x"},
+        "workload": {"name": "fixed_service", "service_ms": 5.0, "batch_size": 4}}
+
+
+def trial(**inference_spec):
+    return expand(validate_sweep({**BASE, "inference": inference_spec}))[0]
+
+
+@pytest.mark.parametrize("limit", [37.0, 180.0, 0.9])
+def test_search_finds_a_threshold_within_tolerance(limit):
+    seen = []
+
+    def probe(rate):
+        seen.append(rate)
+        return {"rate_qps": rate, "passed": rate <= limit}
+
+    best, probes = server.search_rate(probe, start=50.0, cap=1000.0, tolerance_pct=2.0)
+    assert best["rate_qps"] <= limit and best["rate_qps"] >= limit / 1.02
+    assert len(probes) == len(seen) <= server.MAX_PROBES
+    assert any(not p["passed"] for p in probes)  # the bracket was closed from above too
+
+
+def test_search_stops_at_the_cap_when_everything_passes():
+    best, probes = server.search_rate(lambda r: {"rate_qps": r, "passed": True}, 10, 25, 5)
+    assert best["rate_qps"] == 25 and [p["rate_qps"] for p in probes] == [10, 20, 25]
+
+
+def test_search_reports_none_when_nothing_passes():
+    best, probes = server.search_rate(lambda r: {"rate_qps": r, "passed": False}, 10, 25, 5)
+    assert best is None and len(probes) == 11 and probes[-1]["rate_qps"] < 0.02
+
+
+def test_arrivals_are_poisson_and_the_same_pattern_at_every_rate():
+    gaps = server.unit_gaps(0, 20_000)
+    assert gaps.mean() == pytest.approx(1.0, rel=0.03)
+    assert gaps.std() == pytest.approx(1.0, rel=0.05)  # exponential: std = mean
+    assert np.array_equal(gaps[:100], server.unit_gaps(0, 100))
+    assert server.query_count(100.0, 2.0, 50) == 200 and server.query_count(10, 2, 50) == 50
+
+
+def test_latency_summary_counts_unanswered_queries_as_late():
+    lat = np.array([0.010] * 95 + [0.030] * 3 + [np.inf] * 2)
+    recs = [{"service_s": 0.005}] * 98 + [None] * 2
+    run = {"rate": 50.0, "latency_s": lat, "records": recs, "stopped_early": False}
+    s = server.summarize(run, bound_s=0.050, percentile=99)
+    assert s["p50_ms"] == pytest.approx(10.0) and s["p99_ms"] is None  # inf: beyond any bound
+    assert s["passed"] is False and s["answered"] == 98
+    ok = server.summarize({**run, "latency_s": lat[:98], "records": recs[:98]}, 0.050, 99)
+    assert ok["passed"] is True and ok["p99_ms"] == pytest.approx(30.0)
+
+
+def test_time_to_first_token_and_per_token_latency():
+    # 10 ms queueing + 4 ms prefill + 9 tokens more at 2 ms each = 32 ms from arrival.
+    rec = {"service_s": 0.022, "first_token_s": 0.004, "tokens": 10}
+    run = {"rate": 1.0, "latency_s": np.array([0.032]), "records": [rec],
+           "stopped_early": False}
+    s = server.summarize(run, None, 99)
+    assert s["ttft_p50_ms"] == pytest.approx(14.0) and s["tpot_p50_ms"] == pytest.approx(2.0)
+
+
+def records(replicas=2, nodes=("10.0.0.1", "10.0.0.2"), batches=5, n=4, service=0.1):
+    out = []
+    for r in range(replicas):
+        for b in range(batches):
+            t = 1000.0 + b * 0.125  # 0.1 s of work every 0.125 s: 80% busy
+            out.append({"replica": r, "node": nodes[r % len(nodes)], "n": n, "t_start": t,
+                        "t_end": t + service, "service_s": service, "first_token_s": None,
+                        "tokens": None, "matches": 3 if b == 0 else 0,
+                        "compared": 4 if b == 0 else 0})
+    return out
+
+
+def test_offline_figures_from_records():
+    t = trial(scenario="offline", replicas=2, samples=40, project_samples=13368,
+              accuracy_target=0.9)
+    stats = [{"setup_s": 2.0, "rss_peak_mb": 100.0}, {"setup_s": 3.0, "rss_peak_mb": 120.0}]
+    m = offline.summarize(records(), stats, t)
+    wall = 4 * 0.125 + 0.1
+    assert m["infer/samples"] == 40 and m["infer/wall_s"] == pytest.approx(wall)
+    assert m["infer/samples_per_s"] == pytest.approx(40 / wall)
+    assert m["infer/replica_samples_per_s_mean"] == pytest.approx(40.0)  # 4 samples / 0.1 s
+    assert json.loads(m["infer/node_samples_per_s"]) == pytest.approx(
+        {"10.0.0.1": 20 / wall, "10.0.0.2": 20 / wall})
+    assert m["infer/busy_pct"] == pytest.approx(100 * 1.0 / (2 * wall))
+    assert m["infer/projected_s"] == pytest.approx(3.0 + 13368 / (40 / wall))
+    assert m["infer/accuracy"] == pytest.approx(6 / 8) and m["infer/accuracy_ok"] is False
+    assert m["host/rss_peak_mb"] == 120.0
+
+
+def frame(**cols):
+    n = len(next(iter(cols.values())))
+    base = {"stage": ["benchmark"] * n, "status": ["ok"] * n, "run_id": ["r"] * n,
+            "trial_key": [f"k{i}" for i in range(n)], "workload.name": ["resnet"] * n}
+    return pd.DataFrame({**base, **cols})
+
+
+def test_scaling_efficiency_against_one_replica_of_the_same_config():
+    df = frame(**{"inference.scenario": ["offline"] * 4, "inference.replicas": [1, 2, 1, 2],
+                  "hardware.precision": ["fp32", "fp32", "bf16", "bf16"],
+                  "infer/samples_per_s": [100.0, 180.0, 150.0, 300.0]})
+    eff = assess.with_scaling(df)["infer/scaling_efficiency_pct"].tolist()
+    assert eff == pytest.approx([100.0, 90.0, 100.0, 100.0])
+    assert inference.offline_scaling(df) is not None
+
+
+def test_the_gate_and_a_missed_bound_make_a_row_invalid():
+    row = {"status": "ok", "infer/accuracy": 0.9375, "infer/accuracy_target": 0.99,
+           "infer/accuracy_ok": False}
+    assert assess.validity(row) == ["accuracy 0.9375 < target 0.99"]
+    assert assess.validity({**row, "infer/accuracy": 1.0, "infer/accuracy_ok": True}) == []
+    srv = {"status": "ok", "server/met_bound": False, "server/latency_percentile": 99.0,
+           "server/latency_bound_ms": 25.0}
+    assert assess.validity(srv) == ["no rate kept p99 latency under 25 ms"]
+
+
+def test_recommendation_of_an_inference_sweep_skips_the_gated_row():
+    df = frame(**{"inference.scenario": ["offline"] * 2, "hardware.precision": ["fp32", "bf16"],
+                  "infer/samples_per_s": [100.0, 190.0], "infer/accuracy": [1.0, 0.93],
+                  "infer/accuracy_target": [0.99, 0.99], "infer/accuracy_ok": [True, False]})
+    rec = assess.recommend(df)
+    assert rec["fastest"]["label"] == "precision=fp32" and rec["ranked_by"] == "infer/samples_per_s"
+    assert inference.accuracy_gate(df) is not None
+
+
+def test_server_figures_read_the_search_column_and_the_trial_latencies():
+    search = json.dumps([{"rate_qps": 50.0, "p99_ms": 20.0, "passed": True, "queries": 200},
+                         {"rate_qps": 100.0, "p99_ms": None, "passed": False, "queries": 200}])
+    df = frame(**{"inference.scenario": ["server"], "server/search": [search],
+                  "server/latency_percentile": [99.0], "server/latency_bound_ms": [25.0],
+                  "server/rate_qps": [50.0]})
+    assert inference.server_search(df) is not None
+    details = {"k0": {"records": [{"latency_ms": [1.0, 2.0, None]}]}}
+    assert inference.server_latency(details, df) is not None
+
+
+def test_spec_checks_of_the_inference_section():
+    with pytest.raises(SpecError, match="latency_bound_ms"):
+        trial(scenario="server")
+    with pytest.raises(SpecError, match="has no inference scenario"):
+        validate_sweep({**BASE, "workload": {"name": "allreduce"}, "inference": {}})
+    with pytest.raises(SpecError, match="one GPU"):
+        validate_sweep({**BASE, "hardware": {"num_gpus": 2}, "inference": {}})
+    with pytest.raises(SpecError, match="inference.replica"):
+        validate_sweep({**BASE, "inference": {"replica": 2}})
+    sweep = validate_sweep({**BASE, "inference": {}, "grid": {"replicas": [1, 2]}})
+    trials = expand(sweep)
+    assert [t.inference.replicas for t in trials] == [1, 2]
+    assert trials[1].resources()["workers"] == 2 and trials[0].key != trials[1].key
+
+
+def test_training_trial_keys_do_not_change_with_the_inference_section_absent():
+    import hashlib
+
+    t = expand(validate_sweep(BASE))[0]
+    payload = {"workload.name": "fixed_service",
+               **{s: getattr(t, s).model_dump(mode="json")
+                  for s in ("workload", "hardware", "measure")}}
+    blob = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+    assert t.key == hashlib.sha256(blob.encode()).hexdigest()[:12]
+    assert t.inference is None and "inference.replicas" not in t.config()
+    assert math.isfinite(t.resources()["total"]["CPU"])
