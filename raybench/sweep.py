@@ -162,7 +162,8 @@ def _scenarios(spec: SweepSpec, trials: list[TrialSpec], writer: RowWriter) -> N
 
     for t in trials:
         start = now()
-        outcome = run_scenario(t, "ray", spec.execution.start_timeout_s)
+        outcome = run_scenario(t, "ray", spec.execution.start_timeout_s,
+                               spec.execution.logical_gpus)
         outcome.update(start_time=start, end_time=now())
         writer.write(t, outcome)
 

@@ -99,13 +99,16 @@ def server_search(df: pd.DataFrame) -> go.Figure | None:
         pct = f"p{r['server/latency_percentile']:g}_ms"
         bound = r.get("server/latency_bound_ms") or bound
         probes.sort(key=lambda p: p["rate_qps"])
+        # A rate whose run was stopped once too many queries were late has no percentile:
+        # drawn just above the bound, as a miss.
+        ys = [p[pct] if p[pct] is not None else (bound or 0) * 1.15 for p in probes]
         fig.add_trace(go.Scatter(
-            x=[p["rate_qps"] for p in probes],
-            y=[p[pct] if p[pct] is not None else None for p in probes],
-            mode="lines+markers", name=_label(r, varied) or r["trial_key"],
+            x=[p["rate_qps"] for p in probes], y=ys, mode="lines+markers",
+            name=_label(r, varied) or r["trial_key"],
             marker={"symbol": ["circle" if p["passed"] else "x" for p in probes], "size": 10},
-            text=["met" if p["passed"] else "missed (beyond the axis where empty)"
-                  for p in probes]))
+            text=["met" if p["passed"] else "missed" + ("" if p[pct] is not None else
+                  ": stopped early, percentile beyond the bound") for p in probes],
+            hovertemplate="%{x:.1f} q/s: %{text}<extra></extra>"))
     if bound:
         fig.add_hline(y=bound, line_dash="dash", line_color="crimson",
                       annotation_text=f"bound {bound:g} ms")

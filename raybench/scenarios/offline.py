@@ -125,24 +125,35 @@ def run_local(trial: TrialSpec, devices: list[Any]) -> tuple[list[dict], list[di
     return records, [r.stats() for r in replicas]
 
 
-def run_ray(trial: TrialSpec, start_timeout_s: float) -> tuple[list[dict], list[dict]]:
+def run_ray(trial: TrialSpec, start_timeout_s: float, logical_gpus: bool = False
+            ) -> tuple[list[dict], list[dict]]:
     """Offline pass on Ray Data: input tasks -> fixed actor pool of replicas -> driver."""
     import ray
 
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False
-    # A replica pool that cannot start must fail, not wait forever (Ray's default): placement
-    # was checked before, so this covers replicas whose start-up (model, reference) hangs.
+    # A pipeline that cannot start or stops moving must fail, not wait (Ray's defaults: forever
+    # for the pool, 30 min without progress). Placement was checked before, so these bound
+    # start-ups (model, reference pass) and batches that never end.
     ctx.wait_for_min_actors_s = start_timeout_s + 300
+    ctx.execution_no_progress_timeout_s = start_timeout_s + 600
     ctx.actor_init_retry_on_errors = False
     inf, hw, b = trial.inference, trial.hardware, trial.workload.batch_size
     d = trial.to_dict()
-    ds = ray.data.range(inf.samples, override_num_blocks=max(1, min(math.ceil(inf.samples / b),
-                                                                     256)))
-    ds = ds.map_batches(_inputs, fn_kwargs={"trial": d}, batch_size=b, num_cpus=0.25)
+    # Sample ids come from the driver (from_items: no read task) and inputs are made by
+    # 0-CPU tasks: replicas may hold every CPU of the cluster (a read or input task asking for
+    # one would then never be scheduled, and the pipeline would stall; seen with replicas of
+    # 1.45 CPUs on 3).
+    ids = [{"id": i} for i in range(inf.samples)]
+    ds = ray.data.from_items(ids, override_num_blocks=max(1, min(math.ceil(inf.samples / b),
+                                                                 256)))
+    # ...and at most one input task per replica at a time: unbounded 0-CPU tasks each start a
+    # worker process, and on a small node those start-ups starved the replicas for seconds.
+    ds = ds.map_batches(_inputs, fn_kwargs={"trial": d}, batch_size=b, num_cpus=0,
+                        compute=ray.data.TaskPoolStrategy(size=inf.replicas))
     ds = ds.map_batches(
-        _RayReplica, fn_constructor_kwargs={"trial": d}, batch_size=b,
-        compute=ray.data.ActorPoolStrategy(size=inf.replicas),
+        _RayReplica, fn_constructor_kwargs={"trial": d, "logical_gpus": logical_gpus},
+        batch_size=b, compute=ray.data.ActorPoolStrategy(size=inf.replicas),
         num_cpus=hw.cpus_per_worker, num_gpus=1 if hw.use_gpu else 0)
     rows = ds.take_all()
     return _unpack(rows)
@@ -159,12 +170,12 @@ def _inputs(batch: dict[str, np.ndarray], trial: dict[str, Any]) -> dict[str, np
 class _RayReplica:
     """Ray Data's callable class around a Replica; one row per sample, batch facts repeated."""
 
-    def __init__(self, trial: dict[str, Any]):
+    def __init__(self, trial: dict[str, Any], logical_gpus: bool):
         import ray
 
         rt = ray.get_runtime_context()
         self.replica = Replica(trial, index=rt.get_actor_id()[:12],
-                               node=ray.util.get_node_ip_address())
+                               node=ray.util.get_node_ip_address(), logical_gpus=logical_gpus)
         self.seq = 0
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -26,13 +26,15 @@ from raybench.memory import peak_rss_mb
 
 class Replica:
     def __init__(self, trial: dict[str, Any] | TrialSpec, index: int = 0,
-                 device: torch.device | None = None, node: str | None = None):
+                 device: torch.device | None = None, node: str | None = None,
+                 logical_gpus: bool = False):
         start = time.perf_counter()
         self.trial = trial if isinstance(trial, TrialSpec) else TrialSpec.from_dict(trial)
         t, inf = self.trial, self.trial.inference
         self.index, self.node = index, node or socket.gethostname()
         if device is None:  # under Ray the replica's one GPU is cuda:0 (CUDA_VISIBLE_DEVICES)
-            device = torch.device("cuda", 0) if t.hardware.use_gpu else torch.device("cpu")
+            gpu = t.hardware.use_gpu and not logical_gpus  # logical: a placement token only
+            device = torch.device("cuda", 0) if gpu else torch.device("cpu")
         self.device = device
         self.cls = workloads.get(t.workload_name)
         self.reference: dict[int, np.ndarray] = {}

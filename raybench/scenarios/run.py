@@ -24,17 +24,19 @@ from raybench.scenarios.replica import Replica
 QUERY_POOL = 64  # distinct query inputs a Server run cycles through (made once, sent many times)
 
 
-def run_trial(trial: TrialSpec, runner: str, start_timeout_s: float = 30.0) -> dict[str, Any]:
+def run_trial(trial: TrialSpec, runner: str, start_timeout_s: float = 30.0,
+              logical_gpus: bool = False) -> dict[str, Any]:
+    """`logical_gpus` (Ray only): GPUs are placement tokens, replicas compute on CPU."""
     try:
         if trial.inference.scenario == "offline":
             if runner == "ray":
-                records, stats = offline.run_ray(trial, start_timeout_s)
+                records, stats = offline.run_ray(trial, start_timeout_s, logical_gpus)
             else:
                 records, stats = offline.run_local(trial, _local_devices(trial))
             metrics = offline.summarize(records, stats, trial)
             return {"status": "ok", "metrics": metrics, "records": records, "ranks": stats}
         if runner == "ray":
-            return _server_ray(trial, start_timeout_s)
+            return _server_ray(trial, start_timeout_s, logical_gpus)
         return _server_local(trial)
     except Exception as e:  # a failed trial is a row
         return failure(e, trial.resources())
@@ -142,13 +144,15 @@ def _query_sized(trial: TrialSpec) -> TrialSpec:
 
 
 class _RayServerReplica(Replica):
-    def __init__(self, trial: dict[str, Any], index: int):
+    def __init__(self, trial: dict[str, Any], index: int, logical_gpus: bool):
         import ray
 
-        super().__init__(trial, index, node=ray.util.get_node_ip_address())
+        super().__init__(trial, index, node=ray.util.get_node_ip_address(),
+                         logical_gpus=logical_gpus)
 
 
-def _server_ray(trial: TrialSpec, start_timeout_s: float) -> dict[str, Any]:
+def _server_ray(trial: TrialSpec, start_timeout_s: float, logical_gpus: bool
+                ) -> dict[str, Any]:
     import ray
 
     trial = _query_sized(trial)
@@ -156,7 +160,7 @@ def _server_ray(trial: TrialSpec, start_timeout_s: float) -> dict[str, Any]:
     actor = ray.remote(num_cpus=hw.cpus_per_worker, num_gpus=1 if hw.use_gpu else 0,
                        max_restarts=0)(_RayServerReplica)
     d = trial.to_dict()
-    replicas = [actor.remote(d, i) for i in range(trial.inference.replicas)]
+    replicas = [actor.remote(d, i, logical_gpus) for i in range(trial.inference.replicas)]
     try:
         # Ready when their start-up (model, reference pass, warmup) is done; placement was
         # checked before, so the limit only bounds a start-up that never ends.

@@ -95,3 +95,50 @@ def test_per_node_keeps_each_trial_alone_on_its_node(two_nodes, tmp_path):
     end = [pd.Timestamp(x) for x in df["end_time"]]
     assert max(start) < min(end), "the two trials did not overlap in time"
     assert sorted(df["cluster/rank_nodes"]) == ["127.0.0.2", "127.0.0.3"]
+
+
+INFERENCE = """
+name: multinode_inference
+system: {label: two-nodes, nodes: 2, gpus_per_node: 2}
+workload: {name: resnet, depth: 18, image_size: 32, num_classes: 10, batch_size: 8}
+hardware: {num_gpus: 1, cpus_per_worker: 3}
+execution: {logical_gpus: true, start_timeout_s: 60}
+inference: {replicas: 2, samples: 256, project_samples: 13368, accuracy_target: 0.99,
+            accuracy_samples: 32, latency_bound_ms: 200, probe_seconds: 1, min_queries: 40,
+            rate_tolerance_pct: 25}
+grid: {scenario: [offline, server]}
+"""
+
+
+def test_inference_replicas_on_both_nodes_offline_and_server(two_nodes, tmp_path):
+    """Two replicas of one GPU and 3 CPUs on two nodes of 3 CPUs: one lands on each node and
+    holds all its CPUs (the pipeline must still move: its inputs take no CPU reservation), the
+    Offline row breaks its throughput down per node, the Server search finds a rate, and both
+    pass the accuracy gate."""
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(INFERENCE)
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "raybench.sweep", str(sweep), "--address",
+                           two_nodes.address, "--output", str(out)], cwd=ROOT,
+                          env=two_nodes.env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    df = pd.read_parquet(out / "results.parquet")
+    off, srv = df.iloc[0], df.iloc[1]
+    assert list(df["status"]) == ["ok", "ok"], list(df["error"])
+    per_node = json.loads(off["infer/node_samples_per_s"])
+    assert set(per_node) == {"127.0.0.2", "127.0.0.3"}
+    assert sum(per_node.values()) == pytest.approx(off["infer/samples_per_s"])
+    assert off["infer/replicas_used"] == 2 and off["infer/samples"] == 256
+    assert off["infer/accuracy"] == 1.0 and srv["infer/accuracy_ok"]
+    detail = json.loads(next((out / "trials").glob("0000_*.json")).read_text())
+    assert sorted(collections_count(r["node"] for r in detail["ranks"]).values()) == [1, 1]
+    print(df[["start_time", "end_time", "infer/samples_per_s", "server/rate_qps", "server/probes"]])
+    assert srv["server/rate_qps"] > 0 and srv["server/p99_ms"] <= 200
+    server_detail = json.loads(next((out / "trials").glob("0001_*.json")).read_text())
+    assert {r["node"] for r in server_detail["ranks"]} == {"127.0.0.2", "127.0.0.3"}
+
+
+def collections_count(items):
+    from collections import Counter
+
+    return Counter(items)
