@@ -39,6 +39,9 @@ class InferenceSpec(BaseModel):
         "replicas' measured capacity)")
     probe_seconds: float = Field(10.0, gt=0, description="server: length of each rate's run")
     min_queries: int = Field(200, ge=1, description="server: fewest queries a rate's run sends")
+    search_seconds: float = Field(
+        600.0, gt=0, description="server: no new rate is tried after this long; the row "
+        "then says server/search_truncated")
     rate_tolerance_pct: float = Field(
         5.0, gt=0, description="server: the search stops when its bracket is this narrow")
     accuracy_target: float | None = Field(

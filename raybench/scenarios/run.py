@@ -71,6 +71,7 @@ def server_outcome(trial: TrialSpec, best: dict[str, Any] | None, probes: list[d
         "server/latency_percentile": inf.latency_percentile,
         "server/capacity_estimate_qps": capacity,
         "server/probes": len(probes),
+        "server/search_truncated": any(p.get("truncated") for p in probes),
         "server/queries": shown["queries"],
         "server/samples_per_s": best["rate_qps"] * inf.query_samples if best else None,
     }

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -22,6 +23,13 @@ import numpy as np
 
 Call = Callable[[int], Awaitable[dict[str, Any]]]  # query index -> the replica's record
 MAX_PROBES = 16
+# Below start / 2**HALVINGS the bound is out of reach: each halving doubles a probe's length
+# (a probe sends at least min_queries), so going lower costs minutes and says nothing new.
+HALVINGS = 5
+# The GIL hand-over interval while in-process replicas serve: Python's 5 ms default lets a
+# replica thread busy launching kernels hold the interpreter while the arrival and dispatch
+# threads wait, and that wait would be counted as the replica's latency.
+SWITCH_INTERVAL_S = 1e-3
 
 
 def unit_gaps(seed: int, n: int) -> np.ndarray:
@@ -146,15 +154,22 @@ def _ms(seconds: float) -> float | None:
 
 
 def search_rate(probe: Callable[[float], dict[str, Any]], start: float, cap: float,
-                tolerance_pct: float) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+                tolerance_pct: float, budget_s: float = math.inf,
+                clock: Callable[[], float] = time.monotonic,
+                ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """Highest passing rate: double from `start` (halve if it fails) until the verdict changes,
     then bisect until the bracket is within `tolerance_pct`. Returns the best passing probe
-    (None: even the lowest rate tried failed) and every probe in order. Pure over `probe`."""
+    (None: even the lowest rate tried failed) and every probe in order; no new probe starts
+    after `budget_s` (the last probe then says `truncated`). Pure over `probe` and `clock`."""
+    began = clock()
     probes: list[dict[str, Any]] = []
     best: dict[str, Any] | None = None
     lo, hi = None, None  # highest passing, lowest failing rate
     rate = min(start, cap)
     while len(probes) < MAX_PROBES:
+        if probes and clock() - began > budget_s:
+            probes[-1]["truncated"] = True
+            break
         result = probe(rate)
         probes.append(result)
         if result["passed"]:
@@ -171,7 +186,7 @@ def search_rate(probe: Callable[[float], dict[str, Any]], start: float, cap: flo
             rate = min(rate * 2, cap)
         else:  # everything so far failed
             rate /= 2
-            if rate < start / 2**10:
+            if rate < start / 2**HALVINGS:
                 break
     return best, probes
 
@@ -184,7 +199,12 @@ def run_search(replicas: Sequence[Call], inf: Any, capacity_qps: float,
     def probe(rate: float) -> dict[str, Any]:
         gaps = unit_gaps(inf.seed, query_count(rate, inf.probe_seconds, inf.min_queries))
         began = time.perf_counter()
-        run = asyncio.run(run_load(replicas, rate, gaps, bound_s, inf.latency_percentile))
+        previous = sys.getswitchinterval()
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
+        try:
+            run = asyncio.run(run_load(replicas, rate, gaps, bound_s, inf.latency_percentile))
+        finally:
+            sys.setswitchinterval(previous)
         return {**summarize(run, bound_s, inf.latency_percentile),
                 "wall_s": time.perf_counter() - began, "_run": run}
 
@@ -192,4 +212,5 @@ def run_search(replicas: Sequence[Call], inf: Any, capacity_qps: float,
         result = probe(inf.rate_qps)
         return (result if result["passed"] else None), [result]
     cap = inf.rate_max_qps or 1.5 * capacity_qps
-    return search_rate(probe, min(0.5 * capacity_qps, cap), cap, inf.rate_tolerance_pct)
+    return search_rate(probe, min(0.5 * capacity_qps, cap), cap, inf.rate_tolerance_pct,
+                       inf.search_seconds)

@@ -65,7 +65,8 @@ class Block(nn.Module):
         super().__init__()
         self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
         self.attn = Attention(width, heads)
-        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(),
+                                 nn.Linear(4 * width, width))
 
     def forward(self, x, cache, pos):
         x = x + self.attn(self.ln1(x), cache, pos)

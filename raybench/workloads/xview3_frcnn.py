@@ -54,6 +54,8 @@ class FrcnnParams(WorkloadParams):
     eval_overlap: int = Field(32, ge=0, description="validation chip overlap (px); duplicates "
                               "in the overlap are removed")
     epochs: int = Field(5, ge=1)
+    eval_every: int = Field(1, ge=1, description="evaluate after every this many epochs (and "
+                            "always after the last): evaluation of a long run costs time")
     lr: float = Field(0.005, gt=0)
     momentum: float = Field(0.9, ge=0, lt=1)
     weight_decay: float = Field(5e-4, ge=0)
@@ -242,6 +244,9 @@ class Xview3Frcnn(Workload):
     def end_epoch(self, epoch: int) -> dict[str, Any]:
         """Evaluate on every rank (chips sharded); rank 0 returns the scores, others {}."""
         self._epoch = epoch + 1
+        p = self.params
+        if (epoch + 1) % p.eval_every and epoch + 1 < p.epochs:  # the same on every rank
+            return {}
         t0 = time.perf_counter()
         rows, preds, truths = self._infer()
         gathered = self.ctx.gather((rows, preds, truths))

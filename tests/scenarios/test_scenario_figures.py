@@ -22,7 +22,7 @@ def trial(**inference_spec):
     return expand(validate_sweep({**BASE, "inference": inference_spec}))[0]
 
 
-@pytest.mark.parametrize("limit", [37.0, 180.0, 0.9])
+@pytest.mark.parametrize("limit", [37.0, 180.0, 2.0])
 def test_search_finds_a_threshold_within_tolerance(limit):
     seen = []
 
@@ -41,9 +41,17 @@ def test_search_stops_at_the_cap_when_everything_passes():
     assert best["rate_qps"] == 25 and [p["rate_qps"] for p in probes] == [10, 20, 25]
 
 
+def test_search_stops_starting_probes_after_its_time_budget():
+    now = iter(range(0, 1000, 10))  # each probe "takes" 10 s
+    best, probes = server.search_rate(lambda r: {"rate_qps": r, "passed": r < 37}, 10, 1000, 1,
+                                      budget_s=25, clock=lambda: next(now))
+    assert len(probes) == 3 and probes[-1]["truncated"] is True and best["rate_qps"] == 20
+
+
 def test_search_reports_none_when_nothing_passes():
     best, probes = server.search_rate(lambda r: {"rate_qps": r, "passed": False}, 10, 25, 5)
-    assert best is None and len(probes) == 11 and probes[-1]["rate_qps"] < 0.02
+    assert best is None and len(probes) == server.HALVINGS + 1
+    assert probes[-1]["rate_qps"] == pytest.approx(10 / 2**server.HALVINGS)
 
 
 def test_arrivals_are_poisson_and_the_same_pattern_at_every_rate():

@@ -60,7 +60,10 @@ def test_server_search_finds_the_known_limit_of_a_fixed_service_time():
     found = m["server/rate_qps"]
     print({"found": found, "known": known, "service_ms": service_ms,
            "probes": json.loads(m["server/search"])})
-    assert found == pytest.approx(known, rel=0.10)
+    # Found 0.91-0.96 x known over eight runs on a 2-core VM: the dispatch hand-offs add
+    # ~0.5 ms to every latency. Latency taken from dispatch rather than from the scheduled
+    # arrival, or arrivals that are not Poisson, would land far outside this.
+    assert found == pytest.approx(known, rel=0.12)
     assert m["server/p99_ms"] <= 25.0 and m["server/met_bound"] is True
     probes = json.loads(m["server/search"])
     assert any(p["passed"] is False and p["rate_qps"] <= known * 1.12 for p in probes)
