@@ -131,13 +131,19 @@ def test_bench_run_writes_inference_rows_and_a_report(tmp_path, capsys):
     out = tmp_path / "run"
     code = bench.main(["run", str(ROOT / "sweeps" / "inference_cpu.yaml"), "--output", str(out),
                        "--set", "inference.samples=64", "--set", "inference.probe_seconds=1",
-                       "--set", "inference.min_queries=40", "--set", "grid.replicas=[1]",
+                       "--set", "inference.min_queries=40", "--set", "inference.rate_qps=20",
                        "--set", "inference.latency_bound_ms=400"])
     assert code == 0, capsys.readouterr().out[-2000:]
     df = pd.read_parquet(out / "results.parquet")
-    assert list(df["inference.scenario"]) == ["offline", "server"]
+    assert list(df["inference.scenario"]) == ["offline", "offline", "server", "server"]
+    assert list(df["inference.replicas"]) == [1, 2, 1, 2]
     assert (df["status"] == "ok").all()
-    assert df["infer/samples_per_s"].iloc[0] > 0 and df["server/rate_qps"].iloc[1] > 0
+    assert (df["infer/samples_per_s"].iloc[:2] > 0).all() and (df["server/rate_qps"][2:] > 0).all()
+    # The report's scaling efficiency is the measured 2-replica rate over twice the 1-replica's.
+    trials = json.loads((out / "benchmark_report.json").read_text())["trials"]
+    one, two = df["infer/samples_per_s"].iloc[0], df["infer/samples_per_s"].iloc[1]
+    assert trials[1]["infer/scaling_efficiency_pct"] == pytest.approx(100 * two / (2 * one))
+    assert trials[0]["infer/scaling_efficiency_pct"] == pytest.approx(100.0)
     html = (out / "report.html").read_text()
     assert "Offline: samples" in html and "Server: latency percentile" in html
     assert "Accuracy gate" in html
