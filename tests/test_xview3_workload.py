@@ -56,6 +56,8 @@ def test_anchor_count_must_match_the_backbone():
     with pytest.raises(ValueError, match="mobilenet_v3_fpn has 3 feature levels"):
         cls.Params(backbone="mobilenet_v3_fpn")
     assert cls.Params(backbone="mobilenet_v3_fpn", anchor_sizes=[8, 32, 128]).epochs == 5
+    with pytest.raises(ValueError, match="checkpoint '/nowhere/model.pt' is not a file"):
+        cls.Params(checkpoint="/nowhere/model.pt")
 
 
 @pytest.mark.parametrize("backbone, anchors", [("resnet18_fpn", [8, 16, 32, 64, 128]),
@@ -133,7 +135,7 @@ def test_detector_learns_on_synthetic_chips(tmp_path):
             f"workload.shoreline={data}/shoreline/validation",
             f"workload.chips_cache={tmp_path}/chips", "grid.cpu_workers=[1]",
             "workload.eval_every=4",  # only the final model is judged here
-            "hardware.cpus_per_worker=2"]
+            "workload.save_checkpoints=true", "hardware.cpus_per_worker=2"]
     spec = load_sweep(ROOT / "sweeps" / "xview3_cpu.yaml", sets)
     trial = expand(spec)[0]
 
@@ -158,3 +160,21 @@ def test_detector_learns_on_synthetic_chips(tmp_path):
     preds = pd.read_csv(next((tmp_path / "trials").glob("*/predictions.csv")))
     assert list(preds.columns) == ["detect_scene_row", "detect_scene_column", "scene_id",
                                    "is_vessel", "is_fishing", "vessel_length_m"]
+
+    # Served: the kept weights through the Offline scenario, gated on the xView3 aggregate of
+    # a pass over every validation chip; it is the figure training's evaluation gave them.
+    val_chips = out["records"][0]["describe"]["val_chips"]
+    ckpt = next((tmp_path / "trials").glob("*/checkpoint/model.pt"))
+    target = (before["xview3/aggregate"] + m["xview3/aggregate"]) / 2
+    served = expand(load_sweep(ROOT / "sweeps" / "xview3_cpu.yaml", [
+        *sets, f"workload.checkpoint={ckpt}", "inference.samples=32",
+        "inference.project_samples=13368", f"inference.accuracy_target={target}"]))[0]
+    out = run_local(served, str(tmp_path / "served"))
+    assert out["status"] == "ok", out.get("error")
+    s = out["metrics"]
+    print({k: v for k, v in s.items() if k.startswith("infer/")})
+    assert s["infer/accuracy_metric"] == "xview3/aggregate" and s["infer/accuracy_ok"] is True
+    assert s["infer/accuracy"] == pytest.approx(m["xview3/aggregate"], abs=1e-9)
+    assert s["infer/score/xview3/detection_f1"] == pytest.approx(m["xview3/detection_f1"])
+    assert s["infer/accuracy_compared"] == val_chips
+    assert s["infer/samples"] == 32 and s["infer/samples_per_s"] > 0

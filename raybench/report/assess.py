@@ -61,9 +61,10 @@ def validity(row: dict[str, Any], t: Thresholds = Thresholds()) -> list[str]:
     if row.get("gpu/throttled") is True:
         reasons.append(f"GPU throttled ({row.get('gpu/throttle_reasons') or 'see telemetry'})")
     if row.get("infer/accuracy_ok") is False:  # the accuracy gate of an inference run
-        acc = row.get("infer/accuracy")
-        reasons.append(f"accuracy {acc:.4f} < target {row.get('infer/accuracy_target'):g}"
-                       if _num(acc) else "accuracy not measured")
+        acc, metric = row.get("infer/accuracy"), row.get("infer/accuracy_metric")
+        metric = metric if isinstance(metric, str) else "accuracy"  # rows before the column
+        reasons.append(f"{metric} {acc:.4f} < target {row.get('infer/accuracy_target'):g}"
+                       if _num(acc) else f"{metric} not measured")
     if row.get("server/met_bound") is False:
         reasons.append(f"no rate kept p{row.get('server/latency_percentile'):g} latency under "
                        f"{row.get('server/latency_bound_ms'):g} ms")

@@ -3,7 +3,8 @@
 Owns the Offline figures (samples/s and scaling efficiency against replicas, samples/s per node,
 the projected time of the sweep's dataset) and the Server figures (the rate search: latency
 percentile of every probed rate against the bound; the latency distribution at the rate
-found), and the accuracy gate (agreement with the fp32 reference against the target).
+found), and the accuracy gate (agreement with the fp32 reference, or the task's own score such
+as the detector's xView3 aggregate, against the target).
 """
 
 from __future__ import annotations
@@ -144,14 +145,18 @@ def accuracy_gate(df: pd.DataFrame) -> go.Figure | None:
     varied = varied_columns(rows)
     labels = [_label(r, varied, ()) or r["trial_key"] for r in rows.to_dict("records")]
     colour = ["seagreen" if ok else "crimson" for ok in rows["infer/accuracy_ok"]]
+    metrics = rows.get("infer/accuracy_metric", pd.Series(dtype=object)).dropna()
+    metric = str(metrics.iloc[0]) if not metrics.empty else "agreement"  # one workload a sweep
+    what = ("agreement with an fp32 reference pass" if metric == "agreement" else
+            f"{metric} of a pass over the validation set")
     fig = go.Figure(go.Bar(x=labels, y=rows["infer/accuracy"], marker_color=colour,
-                           name="agreement with the fp32 reference"))
+                           name=metric))
     target = rows["infer/accuracy_target"].dropna()
     if not target.empty:
         fig.add_hline(y=float(target.iloc[0]), line_dash="dash",
                       annotation_text=f"target {float(target.iloc[0]):g}")
-    fig.update_layout(title="Accuracy gate: agreement with an fp32 reference pass (red: "
-                      "below target, run invalid)", yaxis_title="agreement")
+    fig.update_layout(title=f"Accuracy gate: {what} (red: below target, run invalid)",
+                      yaxis_title=metric)
     return fig
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from raybench import workloads
 from raybench.grid import TrialSpec
 from raybench.scenarios.replica import Replica
 
@@ -71,20 +72,37 @@ def summarize(records: list[dict[str, Any]], stats: list[dict[str, Any]], trial:
             r["n"] * p.prompt_tokens for r in gen) / prefill
         out["infer/decode_tokens_per_s"] = len(by_replica) * sum(
             r["n"] * (r["tokens"] - 1) for r in gen) / decode if decode > 0 else None
-    out.update(accuracy(records, inf))
+    out.update(accuracy(records, stats, trial))
     out.update(replica_memory(stats))
     return out
 
 
-def accuracy(records: list[dict[str, Any]], inf: Any) -> dict[str, Any]:
-    """Agreement with the fp32 reference over every compared element, and the gate."""
+def accuracy(records: list[dict[str, Any]], stats: list[dict[str, Any]], trial: TrialSpec
+             ) -> dict[str, Any]:
+    """The gate: agreement with the fp32 reference over every compared element, or, for a
+    workload with a task metric, the lowest of the replicas' validation scores (each replica
+    scored its own pass: a replica on a faulty device must not hide behind the others)."""
+    inf = trial.inference
     if inf.accuracy_target is None:
         return {}
-    compared = sum(r["compared"] for r in records)
-    value = sum(r["matches"] for r in records) / compared if compared else None
-    return {"infer/accuracy": value, "infer/accuracy_target": inf.accuracy_target,
-            "infer/accuracy_compared": compared,
-            "infer/accuracy_ok": value is not None and value >= inf.accuracy_target}
+    metric = workloads.get(trial.workload_name).accuracy_metric
+    extra: dict[str, Any] = {}
+    if metric is None:
+        metric = "agreement"
+        compared = sum(r["compared"] for r in records)
+        value = sum(r["matches"] for r in records) / compared if compared else None
+    else:
+        scores = [json.loads(s["score"]) for s in stats if s.get("score")]
+        worst = min(scores, key=lambda sc: sc[metric], default=None)
+        value = worst[metric] if worst else None
+        compared = int(worst.get("samples", 0)) if worst else 0
+        extra = {f"infer/score/{k}": v for k, v in (worst or {}).items()}
+    # the reference or validation pass, per replica, not counted in the start-up time
+    extra["infer/accuracy_check_s"] = max((s.get("accuracy_check_s") or 0.0 for s in stats),
+                                          default=None)
+    return {"infer/accuracy": value, "infer/accuracy_metric": metric,
+            "infer/accuracy_target": inf.accuracy_target, "infer/accuracy_compared": compared,
+            "infer/accuracy_ok": value is not None and value >= inf.accuracy_target, **extra}
 
 
 def replica_memory(stats: list[dict[str, Any]]) -> dict[str, Any]:
@@ -176,8 +194,6 @@ def run_ray(trial: TrialSpec, start_timeout_s: float, logical_gpus: bool = False
 
 def _inputs(batch: dict[str, np.ndarray], trial: dict[str, Any]) -> dict[str, np.ndarray]:
     t = TrialSpec.from_dict(trial)
-    from raybench import workloads
-
     ids = batch["id"]
     return {"id": ids, **workloads.get(t.workload_name).serving_inputs(t.workload, ids)}
 

@@ -84,7 +84,7 @@ def server_outcome(trial: TrialSpec, best: dict[str, Any] | None, probes: list[d
          p.get(f"p{inf.latency_percentile:g}_ms"), "passed": p["passed"],
          "queries": p["queries"]} for p in probes])
     every = [r for p in probes for r in p["_run"]["records"] if r is not None]
-    metrics.update(offline.accuracy(every, inf))
+    metrics.update(offline.accuracy(every, stats, trial))
     metrics.update(offline.replica_memory(stats))
     lat = shown["_run"]["latency_s"]
     records = [{"probe": [_plain(p) for p in probes],

@@ -46,6 +46,11 @@ class Workload(ABC):
     # True: the workload can be served in an inference scenario (scenarios/): it implements
     # `serving_inputs`, `setup_serving` and `serve`.
     serves: ClassVar[bool] = False
+    # The accuracy gate of a served workload. None: agreement of its predictions with an fp32
+    # reference pass of the same weights. A name (e.g. "xview3/aggregate"): the task's own
+    # score of an untimed pass over its validation set (MLPerf's accuracy mode), which the
+    # workload implements in `serving_validation_ids` and `serving_score`.
+    accuracy_metric: ClassVar[str | None] = None
 
     def __init__(self, params: WorkloadParams, ctx: WorkerContext):
         self.params = params
@@ -114,6 +119,16 @@ class Workload(ABC):
         predictions (classes, pixel classes, tokens)}, plus for generative models
         "first_token_s" (from the call's start) and "tokens" (generated per sample)."""
         raise TypeError(f"workload {self.name} has no inference scenario")
+
+    @classmethod
+    def serving_validation_ids(cls, params: WorkloadParams) -> np.ndarray:
+        """The sample ids `serving_score` needs (workloads with an accuracy_metric)."""
+        raise TypeError(f"workload {cls.name} scores agreement with a reference, not a task")
+
+    def serving_score(self, preds: dict[int, Any]) -> dict[str, float]:
+        """The task's scores from the predictions of every validation id, accuracy_metric's
+        among them (workloads with an accuracy_metric)."""
+        raise TypeError(f"workload {self.name} scores agreement with a reference, not a task")
 
 
 _REGISTRY: dict[str, type[Workload]] = {}

@@ -8,11 +8,15 @@ same strip code, cached), the reference's schedule (SGD, linear warmup, x0.1 eve
 and evaluation after each epoch: every validation chip (with overlap) through the model, sharded
 over ranks, detections mapped to scene predictions and scored with the xView3 metric on rank 0,
 plus mAP@0.5 on the chips. The best epoch's weights are kept when `save_checkpoints` is on.
+Served (inference scenarios), a sample is one validation chip; `checkpoint` loads trained
+weights, and the accuracy gate is the xView3 aggregate of a pass over every validation chip.
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -76,9 +80,15 @@ class FrcnnParams(WorkloadParams):
     dedup_px: float = Field(10.0, gt=0)
     eval_batch_size: int | None = Field(None, ge=1)
     save_checkpoints: bool = False
+    checkpoint: str | None = Field(None, description="served weights: a state dict written by "
+                                   "save_checkpoints (<trial dir>/checkpoint/model.pt); None: "
+                                   "random init, whose xView3 scores are near 0")
 
     @model_validator(mode="after")
     def _check(self) -> FrcnnParams:
+        if self.checkpoint and not Path(self.checkpoint).is_file():
+            raise ValueError(f"checkpoint '{self.checkpoint}' is not a file: give the model.pt "
+                             "a training trial with save_checkpoints: true wrote")
         levels = FPN_LEVELS[self.backbone]
         if len(self.anchor_sizes) != levels:
             raise ValueError(f"anchor_sizes has {len(self.anchor_sizes)} entries but "
@@ -126,12 +136,53 @@ def build_model(p: FrcnnParams, in_channels: int) -> nn.Module:
                       box_score_thresh=0.05)
 
 
+def chip_spec(p: FrcnnParams, split: Literal["train", "validation"]):
+    """The chips of a split: training chips around labels (plus background), or every
+    validation chip with overlap, which evaluation and serving run the model on."""
+    from raybench.data.stage import PreprocessSpec
+
+    common = dict(out=p.chips_cache, chip_size=p.chip_size, channels=p.channels,
+                  normalize="standard", seed=p.seed, generate=p.generate)
+    if split == "train":
+        return PreprocessSpec(scenes=p.scenes, labels=p.labels, select="train",
+                              background=p.background, **common)
+    return PreprocessSpec(scenes=p.val_scenes, labels=p.val_labels, select="all",
+                          overlap=p.eval_overlap, **common)
+
+
+_serving_sets: dict[str, ChipSet] = {}
+_serving_lock = threading.Lock()  # a ChipSet caches one row group: one reader at a time
+
+
+def serving_chips(p: FrcnnParams) -> ChipSet:
+    """The validation chips, cut on first use on this node. Under a file lock: a Ray trial's
+    input tasks and replicas start at once, and two cutters would rewrite the same index."""
+    from raybench.data.stage import prepare_local
+
+    spec = chip_spec(p, "validation")
+    key = spec.model_dump_json()
+    with _serving_lock:
+        if key not in _serving_sets:
+            Path(p.chips_cache).mkdir(parents=True, exist_ok=True)
+            with open(Path(p.chips_cache) / ".serving.lock", "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                _serving_sets[key] = ChipSet(prepare_local(spec), p.chip_size, len(p.channels))
+        return _serving_sets[key]
+
+
+def _numpy(out: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    return {k: v.float().cpu().numpy() if v.is_floating_point() else v.cpu().numpy()
+            for k, v in out.items()}
+
+
 @register
 class Xview3Frcnn(Workload):
     name = "xview3_frcnn"
     Params = FrcnnParams
     params: FrcnnParams
     epoch_based = True
+    serves = True
+    accuracy_metric = "xview3/aggregate"
 
     @classmethod
     def measure_defaults(cls, params: WorkloadParams) -> dict[str, Any]:
@@ -167,21 +218,12 @@ class Xview3Frcnn(Workload):
     def _prepare_chips(self) -> tuple[Path, Path]:
         """Training chips (given, or cut here) and every validation chip; one rank per node
         cuts them, the others wait, and later trials find them cached."""
-        from raybench.data.stage import PreprocessSpec, prepare_local
+        from raybench.data.stage import prepare_local
 
         p, ctx = self.params, self.ctx
-        common = dict(out=p.chips_cache, chip_size=p.chip_size, channels=p.channels,
-                      normalize="standard", seed=p.seed, generate=p.generate)
-        val = PreprocessSpec(scenes=p.val_scenes, labels=p.val_labels, select="all",
-                             overlap=p.eval_overlap, **common)
         cut = ctx.local_rank == 0
-        if p.chips:
-            train_dir = Path(p.chips)
-        else:
-            train = PreprocessSpec(scenes=p.scenes, labels=p.labels, select="train",
-                                   background=p.background, **common)
-            train_dir = prepare_local(train, chip=cut)
-        val_dir = prepare_local(val, chip=cut)
+        train_dir = Path(p.chips) if p.chips else prepare_local(chip_spec(p, "train"), chip=cut)
+        val_dir = prepare_local(chip_spec(p, "validation"), chip=cut)
         ctx.barrier()
         return train_dir, val_dir
 
@@ -248,56 +290,58 @@ class Xview3Frcnn(Workload):
         if (epoch + 1) % p.eval_every and epoch + 1 < p.epochs:  # the same on every rank
             return {}
         t0 = time.perf_counter()
-        rows, preds, truths = self._infer()
-        gathered = self.ctx.gather((rows, preds, truths))
+        chips = self._infer()
+        gathered = self.ctx.gather(chips)
         if gathered is None:
             return {}
-        from raybench.data.detections import to_predictions
-        from raybench.metrics.detection import map50
-        from raybench.metrics.xview3 import score
-
-        rows = pd.concat([g[0] for g in gathered], ignore_index=True)
-        predictions = to_predictions(rows, self.params.score_threshold, self.params.dedup_px)
-        s = score(predictions, self.val_labels, self.shorelines)
-        out = {f"xview3/{k}": s[k] for k in ("aggregate", "detection_f1", "shore_f1",
-                                              "vessel_f1", "fishing_f1", "length_score")}
-        out.update({"xview3/tp": s["tp"], "xview3/fp": s["fp"], "xview3/fn": s["fn"],
-                    "xview3/predictions": len(predictions),
-                    "det/map50": map50([x for g in gathered for x in g[1]],
-                                       [x for g in gathered for x in g[2]]),
-                    "eval/seconds": time.perf_counter() - t0, "epoch": epoch + 1})
+        out, predictions = self._scores([c for g in gathered for c in g])
+        out.update({"eval/seconds": time.perf_counter() - t0, "epoch": epoch + 1})
         self._keep_best(out, predictions)
         return out
 
     @torch.no_grad()
-    def _infer(self) -> tuple[pd.DataFrame, list, list]:
-        from raybench.data.detections import chip_rows
-        from raybench.metrics.detection import ImageDetections
-
+    def _infer(self) -> list[tuple[dict[str, np.ndarray], dict, dict]]:
+        """(detections, target, meta) of this rank's share of the validation chips."""
         ctx, p = self.ctx, self.params
         model = self._model
         model.eval()
         mine = list(range(ctx.rank, len(self.val_set), ctx.world_size))  # no padded repeats
         size = p.eval_batch_size or p.batch_size
-        frames, preds, truths = [], [], []
+        chips = []
         try:
             for k in range(0, len(mine), size):
                 items = [self.val_set[i] for i in mine[k:k + size]]
                 with ctx.autocast():
                     outs = model([im.to(ctx.device) for im, _, _ in items])
-                for (_, target, meta), o in zip(items, outs, strict=True):
-                    o = {key: v.float().cpu().numpy() if v.is_floating_point() else
-                         v.cpu().numpy() for key, v in o.items()}
-                    frames.append(chip_rows(o["boxes"], o["scores"], o["labels"],
-                                            meta["scene_id"], meta["row_off"], meta["col_off"]))
-                    preds.append(ImageDetections(o["boxes"], o["scores"], o["labels"]))
-                    truths.append(ImageDetections(target["boxes"].numpy(), np.ones(len(
-                        target["labels"])), target["labels"].numpy()))
+                chips += [(_numpy(o), target, meta)
+                          for (_, target, meta), o in zip(items, outs, strict=True)]
         finally:
             model.train()
+        return chips
+
+    def _scores(self, chips: list[tuple[dict[str, np.ndarray], dict, dict]]
+                ) -> tuple[dict[str, Any], pd.DataFrame]:
+        """xView3 scores of the scenes and mAP@0.5 of the chips, from every chip's detections."""
+        from raybench.data.detections import chip_rows, to_predictions
+        from raybench.metrics.detection import ImageDetections, map50
+        from raybench.metrics.xview3 import score
+
+        frames, preds, truths = [], [], []
+        for o, target, meta in chips:
+            frames.append(chip_rows(o["boxes"], o["scores"], o["labels"], meta["scene_id"],
+                                    meta["row_off"], meta["col_off"]))
+            preds.append(ImageDetections(o["boxes"], o["scores"], o["labels"]))
+            truths.append(ImageDetections(target["boxes"].numpy(), np.ones(len(
+                target["labels"])), target["labels"].numpy()))
         rows = pd.concat(frames, ignore_index=True) if frames else chip_rows(
             np.zeros((0, 4)), [], [], "", 0, 0)
-        return rows, preds, truths
+        predictions = to_predictions(rows, self.params.score_threshold, self.params.dedup_px)
+        s = score(predictions, self.val_labels, self.shorelines)
+        out = {f"xview3/{k}": s[k] for k in ("aggregate", "detection_f1", "shore_f1",
+                                              "vessel_f1", "fishing_f1", "length_score")}
+        out.update({"xview3/tp": s["tp"], "xview3/fp": s["fp"], "xview3/fn": s["fn"],
+                    "xview3/predictions": len(predictions), "det/map50": map50(preds, truths)})
+        return out, predictions
 
     def _keep_best(self, scores: dict[str, Any], predictions: pd.DataFrame) -> None:
         """Rank 0: the best epoch's predictions CSV and, if asked, its weights."""
@@ -319,6 +363,52 @@ class Xview3Frcnn(Workload):
     @property
     def model(self) -> nn.Module:
         return self._model
+
+    # --- serving ---------------------------------------------------------------------------
+
+    @classmethod
+    def serving_inputs(cls, params: WorkloadParams, ids: np.ndarray) -> dict[str, np.ndarray]:
+        # Sample i is validation chip i (cycled when a pass asks more samples than there are).
+        chips = serving_chips(params)
+        with _serving_lock:
+            images = [chips[int(i) % len(chips)][0] for i in ids]
+        return {"image": torch.stack(images).numpy()}
+
+    @classmethod
+    def serving_validation_ids(cls, params: WorkloadParams) -> np.ndarray:
+        return np.arange(len(serving_chips(params)))
+
+    def setup_serving(self) -> None:
+        p = self.params
+        self.val_set = serving_chips(p)
+        self.val_labels = pd.read_csv(p.val_labels, dtype={"scene_id": str})
+        self.shorelines = self._shorelines()
+        torch.manual_seed(p.seed)
+        self._model = build_model(p, len(p.channels))
+        if p.checkpoint:
+            state = torch.load(p.checkpoint, map_location="cpu", weights_only=True)
+            try:
+                self._model.load_state_dict(state)
+            except RuntimeError as e:
+                raise ValueError(f"checkpoint '{p.checkpoint}' does not fit this detector "
+                                 f"({e}): serve it with the workload parameters it was trained "
+                                 "with (backbone, channels, anchor_sizes, box_head_dim)") from e
+        self._model.eval().to(self.ctx.device)
+
+    def serve(self, inputs: dict[str, np.ndarray]) -> dict[str, Any]:
+        images = torch.from_numpy(inputs["image"]).to(self.ctx.device, non_blocking=True)
+        # Low precision under autocast, as torchvision's detection reference runs it (--amp),
+        # not a model cast to bf16: torchvision 0.29's RoIAlign and NMS CPU kernels have no
+        # bf16 (measured); under autocast they get fp32 inputs.
+        with torch.no_grad(), self.ctx.autocast():
+            outs = self._model(list(images))
+        return {"pred": [_numpy(o) for o in outs]}  # the copies back wait for the device
+
+    def serving_score(self, preds: dict[int, Any]) -> dict[str, float]:
+        chips = [(preds[i], self.val_set.target(i), self.val_set.meta(i))
+                 for i in range(len(self.val_set))]
+        out, _ = self._scores(chips)
+        return {**out, "samples": len(chips)}
 
     def describe(self) -> dict[str, Any]:
         p = self.params

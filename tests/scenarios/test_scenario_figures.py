@@ -127,10 +127,32 @@ def test_scaling_efficiency_against_one_replica_of_the_same_config():
     assert inference.offline_scaling(df) is not None
 
 
+def test_a_task_metric_gate_takes_the_worst_replica_score():
+    """The detector's gate: each replica scored its own validation pass; the lowest counts."""
+    t = expand(validate_sweep({"name": "t", "system": {"label": "x"},
+                               "workload": {"name": "xview3_frcnn"},
+                               "inference": {"accuracy_target": 0.3}}))[0]
+    scores = [{"xview3/aggregate": 0.42, "xview3/detection_f1": 0.8, "samples": 25},
+              {"xview3/aggregate": 0.28, "xview3/detection_f1": 0.7, "samples": 25}]
+    stats = [{"score": json.dumps(s), "accuracy_check_s": 2.0 + k} for k, s in enumerate(scores)]
+    m = offline.accuracy([], stats, t)
+    assert m["infer/accuracy_metric"] == "xview3/aggregate" and m["infer/accuracy"] == 0.28
+    assert m["infer/accuracy_ok"] is False and m["infer/score/xview3/detection_f1"] == 0.7
+    assert m["infer/accuracy_compared"] == 25 and m["infer/accuracy_check_s"] == 3.0
+    assert assess.validity({"status": "ok", **m}) == ["xview3/aggregate 0.2800 < target 0.3"]
+    ok = offline.accuracy([], stats[:1], t)
+    assert ok["infer/accuracy"] == 0.42 and ok["infer/accuracy_ok"] is True
+    assert offline.accuracy([], [{"score": None}], t)["infer/accuracy_ok"] is False  # none run
+    df = frame(**{k: [v] for k, v in m.items()})
+    assert inference.accuracy_gate(df).layout.yaxis.title.text == "xview3/aggregate"
+
+
 def test_the_gate_and_a_missed_bound_make_a_row_invalid():
     row = {"status": "ok", "infer/accuracy": 0.9375, "infer/accuracy_target": 0.99,
            "infer/accuracy_ok": False}
     assert assess.validity(row) == ["accuracy 0.9375 < target 0.99"]
+    agree = {**row, "infer/accuracy_metric": "agreement"}
+    assert assess.validity(agree) == ["agreement 0.9375 < target 0.99"]
     assert assess.validity({**row, "infer/accuracy": 1.0, "infer/accuracy_ok": True}) == []
     srv = {"status": "ok", "server/met_bound": False, "server/latency_percentile": 99.0,
            "server/latency_bound_ms": 25.0}

@@ -108,7 +108,7 @@ def test_accuracy_below_target_marks_the_run_invalid():
     assert fp32["infer/accuracy_compared"] == 64
     assert bf16["infer/accuracy"] < 0.99 and bf16["infer/accuracy_ok"] is False
     assert validity(fp32) == []
-    assert validity(bf16) == [f"accuracy {bf16['infer/accuracy']:.4f} < target 0.99"]
+    assert validity(bf16) == [f"agreement {bf16['infer/accuracy']:.4f} < target 0.99"]
 
 
 def test_language_model_offline_and_server_figures():
