@@ -126,7 +126,8 @@ def test_epoch_loop_measures_all_but_warmup_and_evaluates_outside_the_timing():
 @pytest.mark.slow
 def test_detector_learns_on_synthetic_chips(tmp_path):
     """The CPU sweep's model, on its own synthetic recipe, in-process: validation detection F1
-    of at least 0.5 after training, where the same model untrained finds nothing."""
+    of at least 0.5 after training, where the same model untrained finds nothing. Three of the
+    sweep's four epochs (30 s less in CI; F1 0.83 after three, 0.86 after four, on 2 cores)."""
     data = tmp_path / "synth"
     generate(data, n=8, rows=1024, cols=1024, seed=1, density=30)
     sets = [f"workload.scenes={data}/train", f"workload.labels={data}/labels/train.csv",
@@ -134,7 +135,7 @@ def test_detector_learns_on_synthetic_chips(tmp_path):
             f"workload.val_labels={data}/labels/validation.csv",
             f"workload.shoreline={data}/shoreline/validation",
             f"workload.chips_cache={tmp_path}/chips", "grid.cpu_workers=[1]",
-            "workload.eval_every=4",  # only the final model is judged here
+            "workload.epochs=3", "workload.eval_every=3",  # only the final model is judged
             "workload.save_checkpoints=true", "hardware.cpus_per_worker=2"]
     spec = load_sweep(ROOT / "sweeps" / "xview3_cpu.yaml", sets)
     trial = expand(spec)[0]

@@ -31,9 +31,9 @@ TABLE_COLUMNS = ["valid", "run_id", "stage", "trial_key", "status", THROUGHPUT,
                  "train/pixels_per_s", "preprocess/chips_per_s", "search/largest_batch",
                  "infer/samples_per_s", "infer/scaling_efficiency_pct",
                  "infer/replica_samples_per_s_mean", "infer/projected_s", "infer/tokens_per_s",
-                 "server/rate_qps", "server/p50_ms", "server/p99_ms", "server/ttft_p99_ms",
-                 "server/tpot_p99_ms", "infer/accuracy_metric", "infer/accuracy",
-                 "infer/accuracy_target"]
+                 "server/rate_qps", "server/queries_per_call", "server/p50_ms", "server/p99_ms",
+                 "server/ttft_p99_ms", "server/tpot_p99_ms", "infer/accuracy_metric",
+                 "infer/accuracy", "infer/accuracy_target"]
 
 
 def load(run_dir: Path) -> dict[str, Any]:

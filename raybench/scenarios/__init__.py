@@ -28,6 +28,9 @@ class InferenceSpec(BaseModel):
         "from the measured throughput (e.g. 13368)")
     warmup_batches: int = Field(2, ge=0, description="untimed batches per replica at start")
     query_samples: int = Field(1, ge=1, description="server: samples per query")
+    max_batch_queries: int = Field(
+        1, ge=1, description="server: a free replica takes up to this many waiting queries in "
+        "one call (dynamic batching, no waiting for more); 1: one query per call")
     latency_bound_ms: float | None = Field(
         None, gt=0, description="server: the latency the percentile must stay under")
     latency_percentile: float = Field(99.0, gt=0, lt=100)

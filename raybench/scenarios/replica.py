@@ -122,6 +122,13 @@ class Replica:
             "matches": matches, "compared": compared,
         }
 
+    def serve_queries(self, ids: np.ndarray, *inputs: dict[str, np.ndarray]) -> dict[str, Any]:
+        """One timed call answering several queries at once (the Server's dynamic batching):
+        their inputs joined into one batch (no copy for a single query)."""
+        joined = inputs[0] if len(inputs) == 1 else {
+            k: np.concatenate([x[k] for x in inputs]) for k in inputs[0]}
+        return self.serve(ids, joined)
+
     def stats(self) -> dict[str, Any]:
         """Start-up and memory facts of this replica."""
         cuda = self.device.type == "cuda"

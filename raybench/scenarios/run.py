@@ -73,6 +73,8 @@ def server_outcome(trial: TrialSpec, best: dict[str, Any] | None, probes: list[d
         "server/probes": len(probes),
         "server/search_truncated": any(p.get("truncated") for p in probes),
         "server/queries": shown["queries"],
+        "server/max_batch_queries": inf.max_batch_queries,
+        "server/queries_per_call": shown.get("queries_per_call"),
         "server/samples_per_s": best["rate_qps"] * inf.query_samples if best else None,
     }
     for k in ("p50_ms", "p90_ms", "p99_ms", "service_mean_ms", "ttft_p50_ms", "ttft_p99_ms",
@@ -83,7 +85,7 @@ def server_outcome(trial: TrialSpec, best: dict[str, Any] | None, probes: list[d
         {"rate_qps": round(p["rate_qps"], 4), f"p{inf.latency_percentile:g}_ms":
          p.get(f"p{inf.latency_percentile:g}_ms"), "passed": p["passed"],
          "queries": p["queries"]} for p in probes])
-    every = [r for p in probes for r in p["_run"]["records"] if r is not None]
+    every = server.distinct_calls([r for p in probes for r in p["_run"]["records"]])
     metrics.update(offline.accuracy(every, stats, trial))
     metrics.update(offline.replica_memory(stats))
     lat = shown["_run"]["latency_s"]
@@ -97,13 +99,23 @@ def _plain(probe: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in probe.items() if k != "_run"}
 
 
-def _capacity(stats: list[dict[str, Any]]) -> float:
-    """Queries per second the replicas can answer back to back, from their warmup calls."""
+def _capacity(stats: list[dict[str, Any]], queries_per_call: int) -> float:
+    """Queries per second the replicas can answer back to back, from their warmup calls (of
+    the largest batch of queries a call may take)."""
     times = [s["warmup_service_s"] for s in stats if s.get("warmup_service_s")]
     if not times:
         raise ValueError("the server search needs inference.warmup_batches >= 1 to estimate "
                          "the replicas' capacity (or set rate_qps / rate_max_qps)")
-    return sum(1 / t for t in times)
+    return sum(queries_per_call / t for t in times)
+
+
+def _capacity_of(trial: TrialSpec, stats: list[dict[str, Any]]) -> float:
+    inf = trial.inference
+    return _capacity(stats, inf.max_batch_queries) if inf.rate_qps is None else 0.0
+
+
+def batch_ids(trial: TrialSpec, ks: list[int]) -> np.ndarray:
+    return np.concatenate([query_ids(trial, k) for k in ks])
 
 
 def _query_inputs(trial: TrialSpec) -> list[dict[str, np.ndarray]]:
@@ -119,15 +131,16 @@ def _server_local(trial: TrialSpec) -> dict[str, Any]:
     inputs = _query_inputs(trial)
 
     def call_of(i: int):
-        async def call(k: int) -> dict[str, Any]:
+        async def call(ks: list[int]) -> dict[str, Any]:
             loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(pools[i], replicas[i].serve, query_ids(trial, k),
-                                              inputs[k % QUERY_POOL])
+            return await loop.run_in_executor(pools[i], replicas[i].serve_queries,
+                                              batch_ids(trial, ks),
+                                              *[inputs[k % QUERY_POOL] for k in ks])
         return call
 
     try:
         stats = [r.stats() for r in replicas]
-        capacity = _capacity(stats) if trial.inference.rate_qps is None else 0.0
+        capacity = _capacity_of(trial, stats)
         best, probes = server.run_search([call_of(i) for i in range(len(replicas))],
                                          trial.inference, capacity)
         return server_outcome(trial, best, probes, [r.stats() for r in replicas], capacity)
@@ -137,10 +150,11 @@ def _server_local(trial: TrialSpec) -> dict[str, Any]:
 
 
 def _query_sized(trial: TrialSpec) -> TrialSpec:
-    """The trial whose warmup batch is one query, so the measured warmup time is a query's."""
+    """The trial whose warmup batch is the largest call a replica takes (one query, or
+    max_batch_queries of them), so the measured warmup time is that call's."""
     import dataclasses
 
-    b = trial.inference.query_samples
+    b = trial.inference.query_samples * trial.inference.max_batch_queries
     return dataclasses.replace(trial, workload=trial.workload.model_copy(update={"batch_size": b}))
 
 
@@ -169,11 +183,13 @@ def _server_ray(trial: TrialSpec, start_timeout_s: float, logical_gpus: bool
         refs = [ray.put(x) for x in _query_inputs(trial)]
 
         def call_of(r):
-            async def call(k: int) -> dict[str, Any]:
-                return await r.serve.remote(query_ids(trial, k), refs[k % QUERY_POOL])
+            async def call(ks: list[int]) -> dict[str, Any]:
+                # refs as arguments of their own: Ray resolves those, not refs inside a list
+                return await r.serve_queries.remote(batch_ids(trial, ks),
+                                                    *[refs[k % QUERY_POOL] for k in ks])
             return call
 
-        capacity = _capacity(stats) if trial.inference.rate_qps is None else 0.0
+        capacity = _capacity_of(trial, stats)
         best, probes = server.run_search([call_of(r) for r in replicas], trial.inference,
                                          capacity)
         stats = ray.get([r.stats.remote() for r in replicas], timeout=60)

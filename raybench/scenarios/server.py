@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-Call = Callable[[int], Awaitable[dict[str, Any]]]  # query index -> the replica's record
+# query indices -> the replica's record of the one call that answered them all
+Call = Callable[[list[int]], Awaitable[dict[str, Any]]]
 MAX_PROBES = 16
 # Below start / 2**HALVINGS the bound is out of reach: each halving doubles a probe's length
 # (a probe sends at least min_queries), so going lower costs minutes and says nothing new.
@@ -42,10 +43,14 @@ def query_count(rate: float, seconds: float, min_queries: int) -> int:
 
 
 async def run_load(replicas: Sequence[Call], rate: float, gaps: np.ndarray,
-                   bound_s: float | None, percentile: float) -> dict[str, Any]:
+                   bound_s: float | None, percentile: float, max_batch: int = 1
+                   ) -> dict[str, Any]:
     """Send len(gaps) queries at `rate`; returns the latencies (inf: never answered) and the
-    replica records. With a bound, stops as soon as more queries were late than the
-    percentile allows: the rest could not change the verdict."""
+    replica records (per query: the record of the call that answered it). A free replica
+    takes the oldest waiting query and, with `max_batch` > 1, up to max_batch - 1 more that
+    are already waiting, in one call (dynamic batching without a wait, as a serving front end
+    does it). With a bound, stops as soon as more queries were late than the percentile
+    allows: the rest could not change the verdict."""
     loop = asyncio.get_running_loop()
     arrivals = np.cumsum(gaps) / rate
     n = len(arrivals)
@@ -73,20 +78,26 @@ async def run_load(replicas: Sequence[Call], rate: float, gaps: np.ndarray,
     async def worker(call: Call) -> None:
         nonlocal late
         while True:
-            k = await queue.get()
+            batch = [await queue.get()]
+            while len(batch) < max_batch and not queue.empty():
+                batch.append(queue.get_nowait())
             try:
-                records[k] = await call(k)
-                latency[k] = time.monotonic() - (t0 + arrivals[k])
-                if bound_s is not None and latency[k] > bound_s:
-                    late += 1
-                    if late > allowed_late:
-                        failed.set()
+                record = await call(batch)
+                now = time.monotonic()
+                for k in batch:
+                    records[k] = record
+                    latency[k] = now - (t0 + arrivals[k])
+                    if bound_s is not None and latency[k] > bound_s:
+                        late += 1
+                if late > allowed_late:
+                    failed.set()
             except Exception as e:  # a replica that fails ends the run: the trial is an error
                 errors.append(e)
                 failed.set()
                 return
             finally:
-                queue.task_done()
+                for _ in batch:
+                    queue.task_done()
 
     workers = [asyncio.ensure_future(worker(c)) for c in replicas]
     issuer = threading.Thread(target=issue, name="raybench-arrivals", daemon=True)
@@ -126,13 +137,15 @@ def summarize(run: dict[str, Any], bound_s: float | None, percentile: float) -> 
     """Percentiles of one rate's run (pure). Unanswered queries count as infinitely late."""
     lat = run["latency_s"]
     answered = [r for r in run["records"] if r is not None]
+    calls = distinct_calls(run["records"])
     pct = percentile_of(lat, percentile)
     out: dict[str, Any] = {
         "rate_qps": run["rate"], "queries": len(lat), "answered": len(answered),
         "p50_ms": _ms(percentile_of(lat, 50)), "p90_ms": _ms(percentile_of(lat, 90)),
         "p99_ms": _ms(percentile_of(lat, 99)), f"p{percentile:g}_ms": _ms(pct),
-        "service_mean_ms": float(np.mean([r["service_s"] for r in answered]) * 1e3)
-        if answered else None,
+        "service_mean_ms": float(np.mean([r["service_s"] for r in calls]) * 1e3)
+        if calls else None,
+        "queries_per_call": len(answered) / len(calls) if calls else None,
         "stopped_early": run["stopped_early"],
         "passed": bound_s is None or (pct <= bound_s and not run["stopped_early"]),
     }
@@ -147,6 +160,11 @@ def summarize(run: dict[str, Any], bound_s: float | None, percentile: float) -> 
                     "tpot_p50_ms": _ms(percentile_of(tpot, 50)),
                     "tpot_p99_ms": _ms(percentile_of(tpot, 99))})
     return out
+
+
+def distinct_calls(records: Sequence[dict[str, Any] | None]) -> list[dict[str, Any]]:
+    """Each replica call's record once (a batched call answered several queries)."""
+    return list({id(r): r for r in records if r is not None}.values())
 
 
 def _ms(seconds: float) -> float | None:
@@ -202,7 +220,8 @@ def run_search(replicas: Sequence[Call], inf: Any, capacity_qps: float,
         previous = sys.getswitchinterval()
         sys.setswitchinterval(SWITCH_INTERVAL_S)
         try:
-            run = asyncio.run(run_load(replicas, rate, gaps, bound_s, inf.latency_percentile))
+            run = asyncio.run(run_load(replicas, rate, gaps, bound_s, inf.latency_percentile,
+                                       inf.max_batch_queries))
         finally:
             sys.setswitchinterval(previous)
         return {**summarize(run, bound_s, inf.latency_percentile),

@@ -64,13 +64,23 @@ def test_arrivals_are_poisson_and_the_same_pattern_at_every_rate():
 
 def test_latency_summary_counts_unanswered_queries_as_late():
     lat = np.array([0.010] * 95 + [0.030] * 3 + [np.inf] * 2)
-    recs = [{"service_s": 0.005}] * 98 + [None] * 2
+    recs = [{"service_s": 0.005} for _ in range(98)] + [None] * 2  # a call per query
     run = {"rate": 50.0, "latency_s": lat, "records": recs, "stopped_early": False}
     s = server.summarize(run, bound_s=0.050, percentile=99)
     assert s["p50_ms"] == pytest.approx(10.0) and s["p99_ms"] is None  # inf: beyond any bound
     assert s["passed"] is False and s["answered"] == 98
     ok = server.summarize({**run, "latency_s": lat[:98], "records": recs[:98]}, 0.050, 99)
     assert ok["passed"] is True and ok["p99_ms"] == pytest.approx(30.0)
+    assert ok["queries_per_call"] == 1.0
+
+
+def test_a_batched_call_is_one_call_for_its_queries():
+    shared, alone = {"service_s": 0.020}, {"service_s": 0.010}
+    run = {"rate": 5.0, "latency_s": np.array([0.03, 0.025, 0.02]),
+           "records": [shared, shared, alone], "stopped_early": False}
+    s = server.summarize(run, None, 99)
+    assert s["queries_per_call"] == 1.5 and s["service_mean_ms"] == pytest.approx(15.0)
+    assert server.distinct_calls(run["records"] + [None]) == [shared, alone]
 
 
 def test_time_to_first_token_and_per_token_latency():
