@@ -1,8 +1,9 @@
 # Two commands for a fresh machine: `make sweep` (the main job) and `make test`.
 # Both create .venv with pip when it is missing; torch comes from the local wheel cache
 # where one is configured (see README), so nothing needs uv or poetry.
-# --no-compile: byte-compiling all of torch at install took 26 s of CI's 20 minutes (84 s
-# install against 58 s, measured); Python compiles the modules it imports, once, on first use.
+# Keep pip's byte-compiling (26 s of the install): where PYTHONDONTWRITEBYTECODE is set, as on
+# these machines, no import writes a .pyc, and every process (each Ray worker) would compile
+# torch and ray from source (tried: with --no-compile the tests ran at about half speed).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -17,7 +18,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip setuptools wheel
-	$(BIN)/python -m pip install --quiet --no-compile -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
 sweep: $(STAMP)
