@@ -24,13 +24,14 @@ def test_job_submit_runs_the_local_sweep(tmp_path):
                "--working-dir", ".", "--", "python", "-m", "raybench.sweep",
                "sweeps/local_cpu.yaml", "--output", str(out),
                "--set", "measure.measure_steps=4", "--set", "measure.warmup_steps=1",
-               "--set", "grid.cpu_workers=[1]"]  # 2 of its 4 trials: the job path is the test
+               # 1 of its 4 trials: the job path is the test
+               "--set", "grid={batch_size: [8], cpu_workers: [1]}"]
         proc = subprocess.run(cmd, cwd=ROOT, env=cluster.env, capture_output=True, text=True,
                               timeout=600)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         assert "succeeded" in proc.stdout
         df = pd.read_parquet(out / "results.parquet")
-        assert len(df) == 2 and (df["status"] == "ok").all()
+        assert len(df) == 1 and (df["status"] == "ok").all()
         assert (df["train/samples_per_s"] > 0).all()
         # a client without the token is turned away
         env = {k: v for k, v in cluster.env.items() if k != "RAY_AUTH_TOKEN"}

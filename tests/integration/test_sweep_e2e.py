@@ -16,8 +16,10 @@ from tests.conftest import ROOT
 
 pytestmark = pytest.mark.ray
 
-# The local sweep, shortened: the same trials (4: batch 8/16 x 1/2 ranks), fewer steps.
+# The local sweep, shortened: fewer steps, and only batch 8 of its batch axis (2 trials: 1 and
+# 2 ranks; each trial costs CI about 20 s).
 QUICK = ["--set", "measure.measure_steps=4", "--set", "measure.warmup_steps=1"]
+TWO = ["--set", "grid.batch_size=[8]"]
 
 
 def start_sweep(out: Path, *extra: str) -> subprocess.Popen:
@@ -38,7 +40,7 @@ def rows(out: Path) -> int:
 def local_sweep(tmp_path_factory):
     """Run the local sweep once, watching the table grow while the driver is still running."""
     out = tmp_path_factory.mktemp("local") / "run"
-    proc = start_sweep(out)
+    proc = start_sweep(out, *TWO)
     seen_while_running = set()
     deadline = time.monotonic() + 600
     while proc.poll() is None and time.monotonic() < deadline:
@@ -52,10 +54,10 @@ def test_every_trial_is_an_ok_row_with_throughput(local_sweep):
     out, code, stdout, _ = local_sweep
     assert code == 0, stdout[-3000:]
     df = pd.read_parquet(out / "results.parquet")
-    assert len(df) == 4
+    assert len(df) == 2
     assert (df["status"] == "ok").all()
     assert (df["train/samples_per_s"] > 0).all()
-    assert sorted(df["hardware.cpu_workers"]) == [1, 1, 2, 2]
+    assert sorted(df["hardware.cpu_workers"]) == [1, 2]
     assert set(df["train/world_size"]) == {1, 2}
     assert df["trial_key"].is_unique
     csv = pd.read_csv(out / "results.csv")
@@ -64,8 +66,8 @@ def test_every_trial_is_an_ok_row_with_throughput(local_sweep):
 
 def test_rows_are_appended_after_each_trial(local_sweep):
     _, _, _, seen = local_sweep
-    # The table existed with 1, 2 and 3 rows while the sweep was still running.
-    assert {1, 2, 3} <= seen
+    # The table existed with the first trial's row while the sweep was still running.
+    assert 1 in seen
 
 
 def test_run_files(local_sweep):
@@ -75,12 +77,12 @@ def test_run_files(local_sweep):
     assert info["cluster"]["resources"]["CPU"] >= 3
     assert (out / "sweep.yaml").exists()
     trials = sorted((out / "trials").glob("*.json"))
-    assert len(trials) == 4
+    assert len(trials) == 2
     detail = json.loads(trials[1].read_text())
     assert len(detail["records"]) == detail["row"]["train/world_size"]
     assert len(detail["records"][0]["compute_s"]) == 4
     summary = json.loads(stdout.strip().splitlines()[-1])["raybench"]
-    assert summary["trials"] == 4 and summary["ok"] == 4 and summary["failed"] == 0
+    assert summary["trials"] == 2 and summary["ok"] == 2 and summary["failed"] == 0
     assert summary["report"] == str(out / "report.html")
     assert "Plotly.newPlot" in (out / "report.html").read_text()
     assert (out / "benchmark_report.md").exists() and (out / "benchmark_report.json").exists()
