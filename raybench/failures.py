@@ -16,9 +16,12 @@ log = logging.getLogger(__name__)
 OOM_MARKERS = ("out of memory", "OutOfMemoryError", "MemoryError", "can't allocate memory",
                "Cannot allocate memory")
 # How Ray reports a worker process that is gone (killed, crashed, its node lost), as opposed to
-# an exception raised by the training code.
+# an exception raised by the training code. WorkerGroupStartupFailedError: a worker died while
+# its actor was starting (Ray raises it only from a RayActorError; the cause does not survive
+# the trip from the Train controller, the name does). Seen in CI: a worker killed 4 s after its
+# process started, before its actor was up, made an `error` row where a lost worker belongs.
 LOST_NAMES = {"ActorDiedError", "RayActorError", "ActorUnavailableError", "WorkerCrashedError",
-              "NodeDiedError", "WorkerHealthCheckFailedError"}
+              "NodeDiedError", "WorkerHealthCheckFailedError", "WorkerGroupStartupFailedError"}
 
 
 def failure(exc: BaseException, resources: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -115,7 +115,8 @@ def run_trial(trial: TrialSpec, storage: str, trials_dir: str, execution: Execut
                    "error": f"ran past execution.trial_timeout_s={limit:g} s (stopped after "
                             f"{elapsed:.0f} s)\n{out['error']}"}
         if out["status"] == "lost" and len(lost) < execution.max_retries:
-            lost.append(out["error"].splitlines()[0][:300])
+            # two lines: a controller's error says what failed on its second
+            lost.append(" ".join(out["error"].splitlines()[:2])[:300])
             log.warning("trial %d (%s) lost a worker; retry %d of %d on fresh workers",
                         trial.index, trial.key, len(lost), execution.max_retries)
             continue

@@ -30,6 +30,16 @@ def test_wrapped_worker_failure_is_walked():
     assert failure(WorkerGroupError())["status"] == "oom"
 
 
+def test_a_worker_lost_while_starting_is_lost_through_the_controller():
+    """As Ray 2.60 delivers it: ControllerError around the startup failure, cause dropped."""
+    from ray.train.v2._internal.exceptions import WorkerGroupStartupFailedError
+    from ray.train.v2.api.exceptions import ControllerError
+
+    err = ControllerError(WorkerGroupStartupFailedError(
+        "At least one of the worker actors failed to initialize."))
+    assert failure(err)["status"] == "lost"
+
+
 def test_placement_timeout_is_infeasible_with_resources():
     class WorkerGroupStartupTimeoutError(Exception):
         pass
