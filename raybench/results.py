@@ -23,6 +23,7 @@ import yaml
 
 from raybench import interrupts
 from raybench.grid import TrialSpec
+from raybench.report.assess import validity
 from raybench.spec import SpecError, SweepSpec
 
 log = logging.getLogger(__name__)
@@ -279,13 +280,15 @@ class RowWriter:
             stages_failed += sum(s["largest_batch"] == 0 for s in self.searches)
         ok = [r for r in self.table.rows if r["status"] == "ok" and r["stage"] == "benchmark"]
         ok = [r for r in ok if headline(r)]
-        best = max(ok, key=headline, default=None)
+        valid = [r for r in ok if not validity(r)]  # the report's rule: no untrusted "best"
+        best = max(valid, key=headline, default=None)
         return {
             "sweep": self.spec.name, "run_id": self.run_id, "output": str(out),
             "results": str(self.table.parquet), "trials": len(statuses),
             "ok": statuses.count("ok"),
             "failed": len(statuses) - statuses.count("ok") + stages_failed,
             "status_counts": {s: statuses.count(s) for s in sorted(set(statuses))},
+            "invalid": len(ok) - len(valid),
             "best": None if best is None else {
                 "trial_key": best["trial_key"], "samples_per_s": headline(best)},
             "preprocess": self.stages,

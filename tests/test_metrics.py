@@ -68,3 +68,17 @@ def test_per_rank_table_sorted():
     rows = per_rank_table([record(1, 0.2), record(0, 0.1)])
     assert [r["rank"] for r in rows] == [0, 1]
     assert rows[1]["samples_per_s"] == pytest.approx(160.0)
+
+
+def test_a_nan_or_inf_loss_on_any_rank_is_flagged():
+    # the results file stores nan as null, so the flag is what tells a diverged run from no loss
+    assert summarize([record(0, 0.1), record(1, 0.1)])["train/loss_finite"] is True
+    assert summarize([record(0, 0.1), {**record(1, 0.1), "loss_final": float("nan")}])[
+        "train/loss_finite"] is False
+    assert summarize([{**record(0, 0.1), "loss_final": float("inf")}])["train/loss_finite"] is False
+    assert summarize([{**record(0, 0.1), "loss_final": None}])["train/loss_finite"] is None
+    # an epoch-based run that diverged in an earlier epoch is flagged even if it came back
+    epochs = [{"epoch": 1, "train_s": 1.0, "eval_s": 0.1, "loss": float("nan")},
+              {"epoch": 2, "train_s": 1.0, "eval_s": 0.1, "loss": 0.5}]
+    assert summarize([{**record(0, 0.1), "loss_final": 0.5, "epochs": epochs}])[
+        "train/loss_finite"] is False

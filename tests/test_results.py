@@ -49,6 +49,20 @@ def test_results_table_reloads_existing_rows(write_sweep, tmp_path):
     assert not list(tmp_path.glob(".results*"))  # no temporary files left behind
 
 
+def test_summary_best_is_the_fastest_valid_trial(write_sweep, tmp_path):
+    # the JSON line a pipeline reads must not name a trial the report calls invalid
+    spec = load_sweep(write_sweep())
+    slow, fast = expand(spec)[:2]
+    writer = RowWriter(spec, "r", ResultsTable(tmp_path))
+    writer.write(slow, outcome(100.0))
+    diverged = outcome(500.0)
+    diverged["metrics"]["train/loss_finite"] = False
+    writer.write(fast, diverged)
+    summary = writer.summary(tmp_path, 1.0)
+    assert summary["best"] == {"trial_key": slow.key, "samples_per_s": 100.0}
+    assert summary["ok"] == 2 and summary["invalid"] == 1
+
+
 def test_new_run_refuses_a_directory_with_rows_and_resume_checks_the_sweep(write_sweep, tmp_path):
     from raybench.results import run_directory
     from raybench.spec import SpecError, load_sweep

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 from raybench.bench import run_local
 from raybench.context import WorkerContext
 from raybench.grid import expand
+from raybench.report.assess import validity
 from raybench.spec import load_sweep
 from raybench.worker import measure_rank
 
@@ -105,6 +108,19 @@ def test_local_runner_two_ranks_sum_throughput(write_sweep):
     total = sum(r["samples_per_s"] for r in ranks)
     assert out["metrics"]["train/samples_per_s"] == pytest.approx(total)
     assert out["metrics"]["train/global_batch_size"] == 8
+
+
+def test_a_diverged_run_is_a_row_the_report_does_not_trust(write_sweep):
+    # SGD at lr 1e9 turns the weights to inf/nan within a few steps: the step times are real,
+    # the run is not training any more
+    out = run_local(one_trial(write_sweep, "workload.lr=1e9"))
+    assert out["status"] == "ok", out.get("error")
+    m = out["metrics"]
+    assert not math.isfinite(m["train/loss_final"]) and m["train/loss_finite"] is False
+    assert any("nan/inf" in r for r in validity({"status": "ok", **m}))
+    fine = run_local(one_trial(write_sweep))["metrics"]
+    assert fine["train/loss_finite"] is True
+    assert not any("nan/inf" in r for r in validity({"status": "ok", **fine}))
 
 
 def test_local_runner_gpu_trial_without_gpu_is_infeasible(write_sweep):

@@ -8,6 +8,7 @@ measured steps, CV% is std/mean of step time, skew compares the slowest and fast
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from typing import Any
 
@@ -58,6 +59,7 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         "train/warmup_s": float(max(sum(r["warmup_s"]) for r in records)),
         "train/setup_s": float(max(r["setup_s"] for r in records)),
         "train/loss_final": first["loss_final"],
+        "train/loss_finite": loss_finite(records),
         "mem/peak_allocated_mb": _max(records, "peak_allocated_mb"),
         "mem/peak_reserved_mb": _max(records, "peak_reserved_mb"),
         "mem/allocated_mb": _max(records, "allocated_mb"),
@@ -96,6 +98,18 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         peak = out["mem/peak_allocated_mb"] or out["host/rss_peak_mb"]
         out["train/pixels_per_s_per_mb"] = out["train/pixels_per_s"] / peak if peak else None
     return out
+
+
+def loss_finite(records: list[dict[str, Any]]) -> bool | None:
+    """Whether every rank's last loss is a number (None: the workload has no loss). Kept as its
+    own column because the results file stores nan/inf as null, which reads as "no loss"; a
+    diverged run's step times are real, but they are not the times of a training run."""
+    losses = [r["loss_final"] for r in records if r.get("loss_final") is not None]
+    epochs = [e["loss"] for r in records for e in r.get("epochs") or []
+              if e.get("loss") is not None]
+    if not losses and not epochs:
+        return None
+    return all(math.isfinite(v) for v in losses + epochs)
 
 
 def epoch_metrics(epochs: list[dict[str, Any]] | None) -> dict[str, Any]:

@@ -1,8 +1,8 @@
 """Judging trials: a validity badge with reasons per trial, and the recommendations. Pure.
 
 Owns what makes a figure trustworthy (ok status, enough measured steps, CV% under a threshold
-(across repeats where there are several windows, else across steps),
-no throttling where telemetry says so) and the three recommendations: the fastest valid
+(across repeats where there are several windows, else across steps), no throttling where
+telemetry says so, a finite training loss) and the three recommendations: the fastest valid
 configuration, the fastest within a memory budget, and the best accuracy per second where the
 workload reports accuracy. Inputs are results-table frames; nothing here reads files.
 """
@@ -58,6 +58,9 @@ def validity(row: dict[str, Any], t: Thresholds = Thresholds()) -> list[str]:
     steps = row.get("train/measured_steps")
     if _num(steps) and steps < t.min_steps:
         reasons.append(f"only {int(steps)} measured steps (< {t.min_steps})")
+    if row.get("train/loss_finite") is False:
+        reasons.append("training loss became nan/inf: the run diverged, its step times are not "
+                       "a training run's (lower workload.lr, or check the precision)")
     if row.get("gpu/throttled") is True:
         reasons.append(f"GPU throttled ({row.get('gpu/throttle_reasons') or 'see telemetry'})")
     if row.get("infer/accuracy_ok") is False:  # the accuracy gate of an inference run

@@ -38,6 +38,9 @@ def test_validity_reasons():
     assert "across repeats 6.0% > 5%" in validity(
         {**row("a", 1, 1, 1.0, cv=2.0), "train/repeat_cv_pct": 6.0})[0]
     assert "throttled" in validity({**row("a", 1, 1, 1.0), "gpu/throttled": True})[0]
+    assert "loss became nan/inf" in validity({**row("a", 1, 1, 1.0), "train/loss_finite": False})[0]
+    assert validity({**row("a", 1, 1, 1.0), "train/loss_finite": True}) == []
+    assert validity({**row("a", 1, 1, 1.0), "train/loss_finite": None}) == []  # no loss: inference
 
 
 def test_recommendations_skip_invalid_and_respect_budget():
