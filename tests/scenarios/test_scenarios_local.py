@@ -69,7 +69,9 @@ def test_server_search_finds_the_known_limit_of_a_fixed_service_time():
     assert out["status"] == "ok", out.get("error")
     m = out["metrics"]
     service_ms = m["server/service_mean_ms"]
-    assert service_ms == pytest.approx(5.0, rel=0.05)  # the replica's time is what was asked
+    # The replica's time is what was asked. Its sleep only overshoots: by ~0.1 ms on an idle
+    # 2-core VM, 0.32 ms in a CI run where every test took 1.8x its usual time.
+    assert 5.0 <= service_ms <= 5.5
     known = path_limit(server.unit_gaps(0, 400), lambda n: service_ms / 1e3, 0.025, 99.0)
     found = m["server/rate_qps"]
     print({"found": found, "known": known, "service_ms": service_ms,
