@@ -99,22 +99,21 @@ def _plain(probe: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in probe.items() if k != "_run"}
 
 
-def _capacity(stats: list[dict[str, Any]], queries_per_call: int) -> float:
+def _capacity(trial: TrialSpec, stats: list[dict[str, Any]]) -> float:
     """Queries per second the replicas can answer back to back, from their warmup calls (of
-    the largest batch of queries a call may take)."""
+    the largest batch of queries a call may take); 0 where the sweep fixes the rate."""
+    inf = trial.inference
+    if inf.rate_qps is not None:
+        return 0.0
     times = [s["warmup_service_s"] for s in stats if s.get("warmup_service_s")]
     if not times:
         raise ValueError("the server search needs inference.warmup_batches >= 1 to estimate "
                          "the replicas' capacity (or set rate_qps / rate_max_qps)")
-    return sum(queries_per_call / t for t in times)
-
-
-def _capacity_of(trial: TrialSpec, stats: list[dict[str, Any]]) -> float:
-    inf = trial.inference
-    return _capacity(stats, inf.max_batch_queries) if inf.rate_qps is None else 0.0
+    return sum(inf.max_batch_queries / t for t in times)
 
 
 def batch_ids(trial: TrialSpec, ks: list[int]) -> np.ndarray:
+    """The sample ids of the queries `ks`, in order: one batched call's ids."""
     return np.concatenate([query_ids(trial, k) for k in ks])
 
 
@@ -140,7 +139,7 @@ def _server_local(trial: TrialSpec) -> dict[str, Any]:
 
     try:
         stats = [r.stats() for r in replicas]
-        capacity = _capacity_of(trial, stats)
+        capacity = _capacity(trial, stats)
         best, probes = server.run_search([call_of(i) for i in range(len(replicas))],
                                          trial.inference, capacity)
         return server_outcome(trial, best, probes, [r.stats() for r in replicas], capacity)
@@ -189,7 +188,7 @@ def _server_ray(trial: TrialSpec, start_timeout_s: float, logical_gpus: bool
                                                     *[refs[k % QUERY_POOL] for k in ks])
             return call
 
-        capacity = _capacity_of(trial, stats)
+        capacity = _capacity(trial, stats)
         best, probes = server.run_search([call_of(r) for r in replicas], trial.inference,
                                          capacity)
         stats = ray.get([r.stats.remote() for r in replicas], timeout=60)
