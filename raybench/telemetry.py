@@ -30,6 +30,11 @@ THROTTLE_BITS = {
     0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x20: "sw_thermal",
     0x40: "hw_thermal", 0x80: "hw_power_brake",
 }
+# The software power cap is how a loaded GPU runs by design (an H100 at full tilt holds its
+# power limit by lowering clocks): information about the row, shown with the window's power and
+# SM clock, not a fault. Thermal and hardware slowdowns are faults of the machine, not of the
+# configuration, and make a row untrustworthy.
+POWER_CAP = "sw_power_cap"
 _warned = False
 
 
@@ -101,7 +106,8 @@ def aggregate(samples: list[dict[str, Any]], samples_processed: int) -> dict[str
     """Per-trial figures from one GPU's sample stream (pure).
 
     Energy: the difference of the GPU's energy counter where it has one, else the power
-    readings integrated over time (trapezoids). Throttled: any sample with a throttling bit.
+    readings integrated over time (trapezoids). Throttled: any sample with a slowdown bit
+    (thermal, hardware); the power cap is counted apart, as the share of samples at it.
     Utilisation, power and energy need a window of MIN_WINDOW_S; temperature, clock and
     throttling are instantaneous and kept for any window."""
     if len(samples) < 2:
@@ -118,10 +124,12 @@ def aggregate(samples: list[dict[str, Any]], samples_processed: int) -> dict[str
         energy_j = float(np.sum((power[1:] + power[:-1]) / 2 * np.diff(t)))
     else:
         energy_j = None
+    masks = [int(s.get("throttle_mask") or 0) for s in samples]
     mask = 0
-    for s in samples:
-        mask |= int(s.get("throttle_mask") or 0)
+    for m in masks:
+        mask |= m
     reasons = [name for bit, name in THROTTLE_BITS.items() if mask & bit]
+    cap_bit = next(bit for bit, name in THROTTLE_BITS.items() if name == POWER_CAP)
     temp = _series(samples, "temp_c")
     clock = _series(samples, "sm_clock_mhz")
     return {
@@ -133,8 +141,9 @@ def aggregate(samples: list[dict[str, Any]], samples_processed: int) -> dict[str
         else None,
         "temp_max_c": float(temp.max()) if temp is not None else None,
         "sm_clock_mean_mhz": float(clock.mean()) if clock is not None else None,
-        "throttled": bool(reasons),
+        "throttled": any(r != POWER_CAP for r in reasons),
         "throttle_reasons": ",".join(reasons),
+        "power_capped_pct": 100.0 * sum(bool(m & cap_bit) for m in masks) / len(masks),
         "samples": len(samples),
         "window_s": window_s,
     }

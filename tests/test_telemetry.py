@@ -47,6 +47,18 @@ def test_throttle_flags_and_reasons():
     assert telemetry.aggregate(idle_only, 10)["throttled"] is False
 
 
+def test_the_power_cap_is_counted_not_a_slowdown():
+    # A loaded H100 holds its power limit by design: 4 of 11 samples at the cap.
+    samples = stream()
+    for i in (2, 3, 4, 8):
+        samples[i]["throttle_mask"] = 0x4
+    g = telemetry.aggregate(samples, 10)
+    assert g["throttled"] is False and g["throttle_reasons"] == "sw_power_cap"
+    assert g["power_capped_pct"] == pytest.approx(100 * 4 / 11)
+    assert g["power_mean_w"] == pytest.approx(300.0) and g["sm_clock_mean_mhz"] == 1800
+    assert telemetry.aggregate(stream(), 10)["power_capped_pct"] == 0
+
+
 def test_a_window_shorter_than_nvml_averages_leaves_util_power_energy_empty():
     # Recorded on an H100: a 76 ms window of 50 CUDA-graph forwards, both samples stale.
     short = [{"t": 47.9305, "util_pct": 0, "mem_used_mb": 1960.8, "power_w": 121.2,
@@ -71,6 +83,9 @@ def test_ranks_combined_in_metrics():
     assert m["gpu/energy_j"] == pytest.approx(500.0)
     assert m["gpu/energy_per_sample_j"] == pytest.approx(500.0 / 640)
     assert m["gpu/throttled"] is True and m["gpu/throttle_reasons"] == "hw_slowdown"
+    b["gpu"] = telemetry.aggregate(stream(power=200.0, mask=0x4), 320)
+    m = gpu_telemetry([a, b])
+    assert m["gpu/throttled"] is False and m["gpu/power_capped_pct"] == 100.0
     assert gpu_telemetry([record(0, 0.1)])["gpu/util_mean_pct"] is None
 
 

@@ -170,6 +170,7 @@ def gpu_telemetry(records: list[dict[str, Any]]) -> dict[str, Any]:
         "gpu/temp_max_c": pick("temp_max_c", max),
         "gpu/sm_clock_mean_mhz": pick("sm_clock_mean_mhz", statistics.mean),
         "gpu/throttled": any(g["throttled"] for g in gpus) if gpus else None,
+        "gpu/power_capped_pct": pick("power_capped_pct", max),
         "gpu/throttle_reasons": ",".join(sorted({x for g in gpus for x in
                                                  g["throttle_reasons"].split(",") if x})) or None,
     }

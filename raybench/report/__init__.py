@@ -73,7 +73,7 @@ def model(runs: list[dict[str, Any]], memory_budget_mb: float | None = None) -> 
     return {
         "title": " vs ".join(sweeps) if len(runs) > 1 else sweeps[0],
         "header": header, "columns": columns,
-        "rows": judged[columns + ["validity_reasons"]].to_dict("records"),
+        "rows": judged[columns + ["validity_reasons", "validity_notes"]].to_dict("records"),
         "recommendations": recommend(df, memory_budget_mb),
         "frame": df,
         "details": {k: v for r in runs for k, v in r["details"].items()},

@@ -1,8 +1,8 @@
 """Judging trials: a validity badge with reasons per trial, and the recommendations. Pure.
 
 Owns what makes a figure trustworthy (ok status, enough measured steps, CV% under a threshold
-(across repeats where there are several windows, else across steps), no throttling where
-telemetry says so, a finite training loss) and the three recommendations: the fastest valid
+(across repeats where there are several windows, else across steps), no thermal or hardware
+slowdown where telemetry says so (the power cap is a note, not a fault), a finite training loss) and the three recommendations: the fastest valid
 configuration, the fastest within a memory budget, and the best accuracy per second where the
 workload reports accuracy. Inputs are results-table frames; nothing here reads files.
 """
@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
+
+from raybench.telemetry import POWER_CAP
 
 CV_LIMIT_PCT = 10.0  # step-time CV above this: the window was too noisy to trust
 # With repeats, the headline is the mean over windows and its noise is the windows' spread.
@@ -61,8 +63,10 @@ def validity(row: dict[str, Any], t: Thresholds = Thresholds()) -> list[str]:
     if row.get("train/loss_finite") is False:
         reasons.append("training loss became nan/inf: the run diverged, its step times are not "
                        "a training run's (lower workload.lr, or check the precision)")
-    if row.get("gpu/throttled") is True:
-        reasons.append(f"GPU throttled ({row.get('gpu/throttle_reasons') or 'see telemetry'})")
+    slowdowns = [r for r in str(row.get("gpu/throttle_reasons") or "").split(",")
+                 if r and r != POWER_CAP]
+    if slowdowns or (row.get("gpu/throttled") is True and not row.get("gpu/throttle_reasons")):
+        reasons.append(f"GPU throttled ({','.join(slowdowns) or 'see telemetry'})")
     if row.get("infer/accuracy_ok") is False:  # the accuracy gate of an inference run
         acc, metric = row.get("infer/accuracy"), row.get("infer/accuracy_metric")
         metric = metric if isinstance(metric, str) else "accuracy"  # rows before the column
@@ -74,11 +78,28 @@ def validity(row: dict[str, Any], t: Thresholds = Thresholds()) -> list[str]:
     return reasons
 
 
+def notes(row: dict[str, Any]) -> list[str]:
+    """What a reader should know of a valid row without distrusting it."""
+    out = []
+    capped = row.get("gpu/power_capped_pct")
+    # rows written before the share was recorded name the bit in throttle_reasons only
+    if (_num(capped) and capped > 0) or (capped is None and POWER_CAP in str(
+            row.get("gpu/throttle_reasons") or "")):
+        power, clock = row.get("gpu/power_mean_w"), row.get("gpu/sm_clock_mean_mhz")
+        share = f" in {capped:.0f}% of samples" if _num(capped) else ""
+        out.append("at the GPU's power limit" + share
+                   + (f", {power:.0f} W mean" if _num(power) else "")
+                   + (f", SM clock {clock:.0f} MHz mean" if _num(clock) else ""))
+    return out
+
+
 def with_validity(df: pd.DataFrame, t: Thresholds = Thresholds()) -> pd.DataFrame:
     out = df.copy()
-    reasons = [validity(r, t) for r in df.to_dict("records")]
+    rows = df.to_dict("records")
+    reasons = [validity(r, t) for r in rows]
     out["valid"] = [not r for r in reasons]
     out["validity_reasons"] = ["; ".join(r) for r in reasons]
+    out["validity_notes"] = ["; ".join(notes(r)) for r in rows]
     return out
 
 

@@ -25,6 +25,7 @@ th,td{border:1px solid #ddd;padding:3px 6px;text-align:right;white-space:nowrap}
 th{background:#f3f3f3;cursor:pointer;position:sticky;top:0}
 .badge{padding:1px 6px;border-radius:8px;color:#fff;font-size:11px}
 .valid{background:#2e7d32}.invalid{background:#c62828}
+.note{color:#8a6d00;font-size:11px}
 .rec{border:1px solid #ccc;border-radius:6px;padding:8px 12px;margin:8px 0;background:#fafafa}
 .chart{width:100%;height:460px;margin:16px 0}
 .tablewrap{max-height:520px;overflow:auto}
@@ -108,8 +109,10 @@ def _table(columns: list[str], rows: list[dict[str, Any]]) -> str:
             elif c == "valid":
                 cls, label = ("valid", "valid") if v else ("invalid", "invalid")
                 why = e(str(r.get("validity_reasons") or ""))
-                cells.append(f"<td data-v='{int(bool(v))}' title='{why}'>"
-                             f"<span class='badge {cls}'>{label}</span> {why}</td>")
+                note = e(str(r.get("validity_notes") or ""))
+                note_html = f" <span class='note'>{note}</span>" if note else ""
+                cells.append(f"<td data-v='{int(bool(v))}' title='{why or note}'>"
+                             f"<span class='badge {cls}'>{label}</span> {why}{note_html}</td>")
             else:
                 if isinstance(v, float):
                     shown = "" if v != v else f"{v:.4g}"

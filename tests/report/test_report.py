@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from raybench.report import figures, model, page
-from raybench.report.assess import config_label, recommend, validity, varied_columns
+from raybench.report.assess import config_label, notes, recommend, validity, varied_columns
 
 
 def row(key, batch, world, thr, mem=None, rss=1000.0, status="ok", cv=2.0, steps=50, **kw):
@@ -41,6 +41,24 @@ def test_validity_reasons():
     assert "loss became nan/inf" in validity({**row("a", 1, 1, 1.0), "train/loss_finite": False})[0]
     assert validity({**row("a", 1, 1, 1.0), "train/loss_finite": True}) == []
     assert validity({**row("a", 1, 1, 1.0), "train/loss_finite": None}) == []  # no loss: inference
+
+
+def test_power_cap_is_a_note_and_slowdowns_invalidate():
+    capped = {**row("a", 1, 1, 1.0), "gpu/throttled": False, "gpu/throttle_reasons":
+              "sw_power_cap", "gpu/power_capped_pct": 62.5, "gpu/power_mean_w": 694.6,
+              "gpu/sm_clock_mean_mhz": 1755.0}
+    assert validity(capped) == []
+    assert notes(capped) == ["at the GPU's power limit in 62% of samples, 695 W mean, "
+                             "SM clock 1755 MHz mean"]
+    thermal = {**capped, "gpu/throttled": True, "gpu/throttle_reasons": "sw_power_cap,hw_thermal"}
+    assert validity(thermal) == ["GPU throttled (hw_thermal)"]
+    # rows written before the split (throttled true for the cap alone) are read the new way
+    old = {**row("a", 1, 1, 1.0), "gpu/throttled": True, "gpu/throttle_reasons": "sw_power_cap"}
+    assert validity(old) == [] and notes(old)[0].startswith("at the GPU's power limit")
+    assert notes(row("a", 1, 1, 1.0)) == []
+    page_rows = model([{"dir": "r", "frame": pd.DataFrame([capped]), "details": {},
+                        "system": {}}])["rows"]
+    assert page_rows[0]["validity_notes"].startswith("at the GPU's power limit")
 
 
 def test_recommendations_skip_invalid_and_respect_budget():
