@@ -64,7 +64,9 @@ class WorkerContext:
         self.phase_s.setdefault(name, []).append(time.perf_counter() - start)
 
     def set_math_mode(self) -> None:
-        """FP32 matmuls and convolutions in IEEE FP32, or in TF32 for `precision: tf32`.
+        """FP32 matmuls and convolutions in IEEE FP32, or in TF32 for `precision: tf32`, and
+        cuDNN's autotuning as `cudnn_benchmark` says (PyTorch's default is off, which runs
+        convolutions with heuristically chosen algorithms; warmup covers the tuning).
 
         PyTorch's defaults differ by op (cuDNN convolutions in TF32, matmuls in FP32), so an
         "fp32" ResNet would run on the TF32 tensor cores and a ViT would not, and neither
@@ -78,6 +80,7 @@ class WorkerContext:
         else:
             torch.backends.cuda.matmul.allow_tf32 = mode == "tf32"
             torch.backends.cudnn.allow_tf32 = mode == "tf32"
+        torch.backends.cudnn.benchmark = self.hardware.cudnn_benchmark
 
     @property
     def inference_dtype(self) -> torch.dtype | None:

@@ -59,6 +59,10 @@ class HardwareSpec(Strict):
     channels_last: bool = False
     dataloader_workers: int = Field(2, ge=0)
     compile: bool = False
+    cudnn_benchmark: bool = Field(
+        True, description="cuDNN autotuning: the first steps of each input shape time the "
+        "convolution algorithms and keep the fastest, as benchmark suites run; false for "
+        "workloads whose shapes vary step to step, where it re-tunes every new shape")
     memory_budget_mb: float | None = Field(
         None, gt=0, description="enforced on GPU; on CPU compared with the measured peak")
 

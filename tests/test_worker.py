@@ -55,6 +55,21 @@ def test_math_mode_follows_precision_not_pytorch_defaults(write_sweep):
         assert torch.backends.cudnn.conv.fp32_precision == mode
 
 
+def test_cudnn_autotuning_is_set_per_trial_and_a_grid_axis(write_sweep):
+    torch.backends.cudnn.benchmark = False  # PyTorch's default
+    trial = one_trial(write_sweep)
+    assert trial.hardware.cudnn_benchmark is True  # on unless a sweep says otherwise
+    cpu_ctx(trial).set_math_mode()
+    assert torch.backends.cudnn.benchmark is True
+    cpu_ctx(one_trial(write_sweep, "hardware.cudnn_benchmark=false")).set_math_mode()
+    assert torch.backends.cudnn.benchmark is False
+    path = write_sweep("name: c\nsystem: {label: a}\nworkload: {name: resnet, depth: 18}\n"
+                       "grid: {cudnn_benchmark: [true, false]}\n")
+    trials = expand(load_sweep(path))
+    assert [t.hardware.cudnn_benchmark for t in trials] == [True, False]
+    assert [t.to_dict()["hardware"]["cudnn_benchmark"] for t in trials] == [True, False]
+
+
 def test_autocast_dtype_applies(write_sweep):
     trial = one_trial(write_sweep, "hardware.precision=bf16")
     ctx = cpu_ctx(trial)
