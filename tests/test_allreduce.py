@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from raybench.bench import run_local
@@ -37,3 +39,75 @@ def test_allreduce_on_gloo_with_two_ranks(write_sweep):
     assert m["comm/algbw_gb_s"] > 0
     assert m["comm/busbw_gb_s"] == pytest.approx(m["comm/algbw_gb_s"])  # 2(n-1)/n = 1 for n=2
     assert m["train/world_size"] == 2
+
+
+def _rank(rank: int, port: int, out: str) -> None:
+    """One of two gloo ranks: the ops the workload's step runs, and its time per all-reduce
+    against dist.all_reduce timed alone on a buffer of the same size, interleaved."""
+    import json
+    import statistics
+    import time
+
+    import torch
+    import torch.distributed as dist
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from raybench import workloads
+    from raybench.context import WorkerContext
+    from raybench.spec import HardwareSpec
+    from raybench.worker import _timed_step
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2)
+    try:
+        cls = workloads.get("allreduce")
+        ctx = WorkerContext(rank, rank, 2, 0, torch.device("cpu"), HardwareSpec(cpu_workers=2))
+        w = cls(cls.Params(message_mb=8, batch_size=2), ctx)
+        w.setup()
+        batches = w.batches()
+        with Ops() as ops:
+            w.step(next(batches))
+        plain = torch.zeros_like(w.buffer)
+        ours, alone = [], []
+        for _ in range(15):
+            ours.append(_timed_step(w, batches, ctx)[1] / 2)  # compute time per operation
+            dist.barrier()
+            t0 = time.perf_counter()
+            dist.all_reduce(plain)
+            alone.append(time.perf_counter() - t0)
+            dist.barrier()
+        if rank == 0:
+            Path(out).write_text(json.dumps({
+                "ops": ops.names, "ours": statistics.median(ours[3:]),
+                "alone": statistics.median(alone[3:])}))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_timed_step_is_the_collectives_alone(tmp_path):
+    import json
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "rank0.json"
+    mp.spawn(_rank, args=(port, str(out)), nprocs=2, join=True)
+    r = json.loads(out.read_text())
+    # only the two all-reduces: nothing else runs inside the timing
+    assert r["ops"] and all(op.startswith("c10d.allreduce_") for op in r["ops"]), r["ops"]
+    assert len(r["ops"]) == 2
+    # and the time per operation is dist.all_reduce's own, timed independently
+    assert 0.8 < r["ours"] / r["alone"] < 1.25, r
