@@ -82,3 +82,12 @@ def test_a_nan_or_inf_loss_on_any_rank_is_flagged():
               {"epoch": 2, "train_s": 1.0, "eval_s": 0.1, "loss": 0.5}]
     assert summarize([{**record(0, 0.1), "loss_final": 0.5, "epochs": epochs}])[
         "train/loss_finite"] is False
+
+
+def test_every_row_names_its_device():
+    assert summarize([record(0, 0.1), record(1, 0.1)])["device"] == "cpu"
+    mixed = [record(r, 0.1) for r in range(3)]
+    for r, name in zip(mixed, ["NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB",
+                               "NVIDIA H100 80GB HBM3"], strict=True):
+        r["device_name"] = name
+    assert summarize(mixed)["device"] == "NVIDIA A100-SXM4-80GB,NVIDIA H100 80GB HBM3"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -41,6 +42,7 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     std = float(step_ms.std(ddof=1)) if step_ms.size > 1 else 0.0
     first = records[0]
     out: dict[str, Any] = {
+        "device": device_column(r["device_name"] for r in records),
         "train/samples_per_s": float(sum(per_rank)),
         "train/samples_per_s_per_worker": float(sum(per_rank) / len(per_rank)),
         "train/global_batch_size": int(sum(r["samples_per_step"] for r in records)),
@@ -98,6 +100,12 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         peak = out["mem/peak_allocated_mb"] or out["host/rss_peak_mb"]
         out["train/pixels_per_s_per_mb"] = out["train/pixels_per_s"] / peak if peak else None
     return out
+
+
+def device_column(names: Iterable[str]) -> str:
+    """What the row ran on, as the tile suites log it ("NVIDIA H100 80GB HBM3"; "cpu"): the
+    distinct device names of its ranks or replicas, so a mixed-GPU trial shows as mixed."""
+    return ",".join(sorted(set(names)))
 
 
 def loss_finite(records: list[dict[str, Any]]) -> bool | None:

@@ -25,7 +25,7 @@ from raybench.report.assess import (
     with_validity,
 )
 
-TABLE_COLUMNS = ["valid", "run_id", "stage", "trial_key", "status", THROUGHPUT,
+TABLE_COLUMNS = ["valid", "run_id", "stage", "trial_key", "status", "device", THROUGHPUT,
                  "train/step_time_p50_ms", "train/step_time_p99_ms", "train/step_time_cv_pct",
                  "train/data_wait_pct", "mem/peak_allocated_mb", "host/rss_peak_mb",
                  "train/pixels_per_s", "preprocess/chips_per_s", "search/largest_batch",

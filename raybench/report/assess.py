@@ -2,9 +2,10 @@
 
 Owns what makes a figure trustworthy (ok status, enough measured steps, CV% under a threshold
 (across repeats where there are several windows, else across steps), no thermal or hardware
-slowdown where telemetry says so (the power cap is a note, not a fault), a finite training loss) and the three recommendations: the fastest valid
-configuration, the fastest within a memory budget, and the best accuracy per second where the
-workload reports accuracy. Inputs are results-table frames; nothing here reads files.
+slowdown where telemetry says so (the power cap is a note, not a fault), a finite training
+loss) and the three recommendations: the fastest valid configuration, the fastest within a
+memory budget, and the best accuracy per second where the workload reports accuracy. Inputs
+are results-table frames; nothing here reads files.
 """
 
 from __future__ import annotations

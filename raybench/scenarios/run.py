@@ -18,6 +18,7 @@ import torch
 from raybench import workloads
 from raybench.failures import failure
 from raybench.grid import TrialSpec
+from raybench.metrics import device_column
 from raybench.scenarios import offline, server
 from raybench.scenarios.replica import Replica
 
@@ -33,7 +34,8 @@ def run_trial(trial: TrialSpec, runner: str, start_timeout_s: float = 30.0,
                 records, stats = offline.run_ray(trial, start_timeout_s, logical_gpus)
             else:
                 records, stats = offline.run_local(trial, _local_devices(trial))
-            metrics = offline.summarize(records, stats, trial)
+            metrics = {"device": device_column(s["device_name"] for s in stats),
+                       **offline.summarize(records, stats, trial)}
             return {"status": "ok", "metrics": metrics, "records": records, "ranks": stats}
         if runner == "ray":
             return _server_ray(trial, start_timeout_s, logical_gpus)
@@ -65,6 +67,7 @@ def server_outcome(trial: TrialSpec, best: dict[str, Any] | None, probes: list[d
     inf = trial.inference
     shown = best or probes[-1]
     metrics: dict[str, Any] = {
+        "device": device_column(s["device_name"] for s in stats),
         "server/rate_qps": best["rate_qps"] if best else None,
         "server/met_bound": best is not None,
         "server/latency_bound_ms": inf.latency_bound_ms,

@@ -174,7 +174,7 @@ def test_bench_run_writes_inference_rows_and_a_report(tmp_path, capsys):
     df = pd.read_parquet(out / "results.parquet")
     assert list(df["inference.scenario"]) == ["offline", "offline", "server", "server"]
     assert list(df["inference.replicas"]) == [1, 2, 1, 2]
-    assert (df["status"] == "ok").all()
+    assert (df["status"] == "ok").all() and (df["device"] == "cpu").all()
     assert (df["infer/samples_per_s"].iloc[:2] > 0).all() and (df["server/rate_qps"][2:] > 0).all()
     # The report's scaling efficiency is the measured 2-replica rate over twice the 1-replica's.
     trials = json.loads((out / "benchmark_report.json").read_text())["trials"]
