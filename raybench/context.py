@@ -37,6 +37,8 @@ class WorkerContext:
     node_id: str | None = None  # where this rank ran, as the cluster names it (Ray node id/IP)
     node_ip: str | None = None
     accelerator_ids: list[str] = field(default_factory=list)  # GPUs the cluster gave this rank
+    sync: str = "step"  # measure.sync: "window" times steps and phases with marks, no host sync
+    _pending: list = field(default_factory=list)  # window mode: (phase, start, end) marks
 
     @property
     def distributed(self) -> bool:
@@ -51,17 +53,46 @@ class WorkerContext:
         if self.is_cuda:
             torch.cuda.synchronize(self.device)
 
+    def mark(self) -> torch.cuda.Event | float:
+        """A point on the device's timeline without waiting for it: a recorded CUDA event on a
+        GPU, the host clock on CPU (where work is done when the call returns)."""
+        if not self.is_cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    @staticmethod
+    def seconds(start: torch.cuda.Event | float, end: torch.cuda.Event | float) -> float:
+        """Time between two marks; for events, only once the device has passed `end`."""
+        if isinstance(start, float):
+            return end - start
+        return start.elapsed_time(end) / 1e3
+
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
-        """Time one part of a step (forward, backward, ...), synchronised on both ends.
+        """Time one part of a step (forward, backward, ...).
 
-        The syncs cost a little overlap between the parts; workloads use this only where
-        the split itself is the question (the tile benchmark's forward vs backward)."""
+        With `sync: step`, synchronised on both ends: the syncs cost a little overlap between
+        the parts; workloads use this only where the split itself is the question (the tile
+        benchmark's forward vs backward). With `sync: window`, between two marks, read when
+        the window ends (`settle_phases`)."""
+        if self.sync == "window":
+            start = self.mark()
+            yield
+            self._pending.append((name, start, self.mark()))
+            return
         self.synchronize()
         start = time.perf_counter()
         yield
         self.synchronize()
         self.phase_s.setdefault(name, []).append(time.perf_counter() - start)
+
+    def settle_phases(self) -> None:
+        """Window mode, after the device is synchronised: pending phase marks become times."""
+        for name, start, end in self._pending:
+            self.phase_s.setdefault(name, []).append(self.seconds(start, end))
+        self._pending.clear()
 
     def set_math_mode(self) -> None:
         """FP32 matmuls and convolutions in IEEE FP32, or in TF32 for `precision: tf32`, and

@@ -207,6 +207,7 @@ def _with_workload_defaults(spec: SweepSpec, params: WorkloadParams,
     cls = workloads.get(spec.workload_name)
     if cls.epoch_based:
         fixed = [k for k in ("measure_steps", "measure_seconds", "repeats") if k in measure]
+        fixed += ["sync"] if measure.get("sync") == "window" else []  # epochs sync per step
         if fixed:
             raise SpecError(spec.source, f"measure.{fixed[0]}", measure[fixed[0]],
                             f"{spec.workload_name} measures whole epochs (workload.epochs), "

@@ -84,6 +84,10 @@ class MeasureSpec(Strict):
     repeats: int = Field(1, ge=1)
     profile_steps: int = Field(0, ge=0, description="steps after the windows that rank 0 "
                                "traces with torch.profiler (0: no trace)")
+    sync: Literal["step", "window"] = Field(
+        "step", description="step: the device is synchronised around every step (exact per-step "
+        "and data-wait times, no CPU run-ahead); window: only at the window's ends, as a "
+        "training job runs, with step times from CUDA events recorded between steps")
 
     @model_validator(mode="after")
     def _window(self) -> MeasureSpec:

@@ -3,8 +3,10 @@
 Owns measurement correctness: the device is synchronised inside the timed region, data wait
 (next batch + host-to-device copy) is timed apart from compute, warmup is excluded by
 construction, and every rank runs the same number of steps (a time window is turned into a step
-count once, agreed across ranks). Does not own process groups (trial.py, bench.py) nor the
-statistics (metrics.py). Ray-free, so it runs in-process on a GPU machine without Ray.
+count once, agreed across ranks). With `measure.sync: window` the device is synchronised only
+at a window's ends and step times come from marks (CUDA events) recorded between steps. Does
+not own process groups (trial.py, bench.py) nor the statistics (metrics.py). Ray-free, so it
+runs in-process on a GPU machine without Ray.
 """
 
 from __future__ import annotations
@@ -74,7 +76,11 @@ def measure_rank(trial: TrialSpec, ctx: WorkerContext) -> dict[str, Any]:
         if sampler:
             sampler.start()  # the measured window only: warmup and set-up are not steady state
         cpu0, wall0 = _cpu_seconds(), time.perf_counter()
-        run = _run_windows(workload, batches, ctx, steps, m.repeats)
+        ctx.sync = m.sync  # warmup and the profiled steps after the windows stay per-step
+        try:
+            run = _run_windows(workload, batches, ctx, steps, m.repeats)
+        finally:
+            ctx.sync = "step"
         run["warm"] = warm
     warm, wait_s, compute_s, loss = run["warm"], run["wait_s"], run["compute_s"], run["loss"]
     cpu_util = 100.0 * (_cpu_seconds() - cpu0) / (time.perf_counter() - wall0)
@@ -130,12 +136,39 @@ def _run_windows(workload: workloads.Workload, batches: Any, ctx: WorkerContext,
     for _ in range(repeats):
         ctx.barrier()  # ranks start each window together, so the windows overlap
         start = time.perf_counter()
-        for _ in range(steps):
-            w, c, out["loss"] = _timed_step(workload, batches, ctx)
-            out["wait_s"].append(w)
-            out["compute_s"].append(c)
+        if ctx.sync == "window":
+            wait, compute, out["loss"] = _unsynced_steps(workload, batches, ctx, steps)
+            out["wait_s"] += wait
+            out["compute_s"] += compute
+        else:
+            for _ in range(steps):
+                w, c, out["loss"] = _timed_step(workload, batches, ctx)
+                out["wait_s"].append(w)
+                out["compute_s"].append(c)
         out["windows_s"].append(time.perf_counter() - start)
     return out
+
+
+def _unsynced_steps(workload: workloads.Workload, batches: Any, ctx: WorkerContext, steps: int):
+    """`steps` steps with one device sync, at the end: the host runs ahead as in a training job.
+
+    A mark is recorded as each step starts; a step's time is the timeline between its mark and
+    the next (the device's, on a GPU: it holds the input copy, the compute and any wait for the
+    host, so stalls still show in the distribution). Data wait is the host's time to get and
+    enqueue the batch; compute is the rest of the step. On CPU both equal `_timed_step`'s."""
+    marks, waits, loss = [], [], None
+    for _ in range(steps):
+        marks.append(ctx.mark())
+        t0 = time.perf_counter()
+        batch = workload.to_device(next(batches))
+        waits.append(time.perf_counter() - t0)
+        loss = workload.step(batch)
+    marks.append(ctx.mark())
+    ctx.synchronize()
+    ctx.settle_phases()
+    step_s = [ctx.seconds(a, b) for a, b in zip(marks, marks[1:], strict=False)]
+    waits = [min(w, s) for w, s in zip(waits, step_s, strict=True)]
+    return waits, [s - w for s, w in zip(step_s, waits, strict=True)], loss
 
 
 def _run_epochs(workload: workloads.Workload, batches: Any, ctx: WorkerContext,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import statistics
+import time
 
 import pytest
 import torch
@@ -11,7 +13,7 @@ from raybench.bench import run_local
 from raybench.context import WorkerContext
 from raybench.grid import expand
 from raybench.report.assess import validity
-from raybench.spec import load_sweep
+from raybench.spec import SpecError, load_sweep
 from raybench.worker import measure_rank
 
 
@@ -184,3 +186,78 @@ def test_profiler_trace_written_outside_the_window(write_sweep, tmp_path):
     assert out["metrics"]["train/measured_steps"] == 3  # traced steps are not measured ones
     plain = run_local(one_trial(write_sweep), str(tmp_path / "none"))
     assert plain["records"][0]["trace"] is None and not (tmp_path / "none").exists()
+
+
+class _Sleeper:
+    """A step of known length: 2 ms to get a batch, 6 ms of 'compute', a 'forward' phase."""
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+
+    def batches(self):
+        while True:
+            time.sleep(0.002)
+            yield 1
+
+    def to_device(self, batch):
+        return batch
+
+    def step(self, batch):
+        with self.ctx.phase("forward"):
+            time.sleep(0.006)
+        return torch.tensor(1.0)
+
+
+def test_window_sync_agrees_with_step_sync_on_cpu(write_sweep):
+    from raybench.worker import _timed_step, _unsynced_steps
+
+    ctx = cpu_ctx(one_trial(write_sweep))
+    w = _Sleeper(ctx)
+    batches = w.batches()
+    step = [_timed_step(w, batches, ctx) for _ in range(20)]
+    ctx.phase_s.clear()
+    ctx.sync = "window"
+    waits, compute, _ = _unsynced_steps(w, batches, ctx, 20)
+    assert len(waits) == len(compute) == len(ctx.phase_s["forward"]) == 20 and not ctx._pending
+    med = statistics.median
+    assert med(waits) == pytest.approx(med(s[0] for s in step), rel=0.3, abs=3e-4)
+    assert med(compute) == pytest.approx(med(s[1] for s in step), rel=0.1)
+    assert 0.006 <= med(ctx.phase_s["forward"]) < 0.008
+
+
+def test_window_sync_through_a_real_trial(write_sweep):
+    rec = {}
+    for sync in ("step", "window"):
+        trial = one_trial(write_sweep, f"measure.sync={sync}", "measure.measure_steps=6")
+        assert trial.to_dict()["measure"]["sync"] == sync  # recorded in the row's config
+        rec[sync] = measure_rank(trial, cpu_ctx(trial))
+    for r in rec.values():
+        assert len(r["compute_s"]) == len(r["wait_s"]) == 6 and min(r["compute_s"]) > 0
+        # the steps tile the window: nothing of it is left out of the step times
+        steps_s = sum(r["wait_s"]) + sum(r["compute_s"])
+        assert steps_s == pytest.approx(sum(r["windows_s"]), rel=0.03)
+
+
+def test_window_sync_is_refused_for_epoch_workloads(write_sweep):
+    path = write_sweep("name: x\nsystem: {label: a}\nworkload: {name: xview3_frcnn}\n"
+                       "measure: {sync: window}\n")
+    with pytest.raises(SpecError, match="measure.sync='window'.*measures whole epochs"):
+        expand(load_sweep(path))
+
+
+@pytest.mark.gpu
+def test_window_sync_on_gpu_keeps_the_run_ahead(write_sweep):
+    """A launch-bound model: syncing every step can only slow it; the event step times add up
+    to the window they were recorded in."""
+    rec = {}
+    for sync in ("step", "window"):
+        trial = one_trial(write_sweep, "hardware.num_gpus=1", "hardware.precision=bf16",
+                          "workload.batch_size=8", f"measure.sync={sync}",
+                          "measure.measure_steps=50")
+        ctx = WorkerContext(0, 0, 1, 0, torch.device("cuda", 0), trial.hardware)
+        rec[sync] = measure_rank(trial, ctx)
+    win = rec["window"]
+    total = sum(win["wait_s"]) + sum(win["compute_s"])
+    assert total == pytest.approx(sum(win["windows_s"]), rel=0.05)
+    rate = {s: len(r["compute_s"]) / sum(r["windows_s"]) for s, r in rec.items()}
+    assert rate["window"] >= 0.97 * rate["step"]
