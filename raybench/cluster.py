@@ -64,6 +64,37 @@ def nodes() -> list[dict[str, float]]:
     ]
 
 
+NODE_FACTS_TIMEOUT_S = 120.0
+
+
+def node_facts() -> dict[str, dict[str, Any]]:
+    """Every alive node's own system facts (GPUs, driver, CUDA, NCCL and its variables,
+    topology), gathered by a 0-CPU task pinned to that node, keyed by node IP. A node that does
+    not answer in time gets an `error` entry: facts never hold up a sweep."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from raybench import sysinfo
+
+    probe = ray.remote(num_cpus=0, max_retries=0)(sysinfo.machine)
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    refs = {n["NodeManagerAddress"]: probe.options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote()
+        for n in alive}
+    ready, _ = ray.wait(list(refs.values()), num_returns=len(refs),
+                        timeout=NODE_FACTS_TIMEOUT_S)
+    out = {}
+    for ip, ref in sorted(refs.items()):
+        try:
+            out[ip] = ray.get(ref) if ref in ready else {
+                "error": f"no answer in {NODE_FACTS_TIMEOUT_S:g} s"}
+        except Exception as e:  # a node that cannot run the probe still lets the sweep run
+            out[ip] = {"error": f"{type(e).__name__}: {e}"[:300]}
+    for ref in refs.values():
+        if ref not in ready:
+            ray.cancel(ref, force=True)
+    return out
+
+
 def describe() -> dict[str, Any]:
     return {
         "address": ray.get_runtime_context().gcs_address,

@@ -149,12 +149,14 @@ def write_report(out: Path) -> str | None:
         return None
 
 
-def write_run_files(out: Path, spec: SweepSpec, cluster: dict[str, Any]) -> None:
-    """The resolved spec and the system facts, written before the first trial."""
+def write_run_files(out: Path, spec: SweepSpec, cluster: dict[str, Any],
+                    nodes: dict[str, dict[str, Any]] | None = None) -> None:
+    """The resolved spec and the system facts (each node's own where given), written before
+    the first trial."""
     from raybench import sysinfo  # imports torch: kept off the dry-run path
 
     (out / "sweep.yaml").write_text(yaml.safe_dump(spec.to_yaml_dict(), sort_keys=False))
-    info = sysinfo.collect(cluster)
+    info = sysinfo.collect(cluster, nodes)
     (out / "system_info.json").write_text(json.dumps(info, indent=1, default=str))
 
 

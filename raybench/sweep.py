@@ -97,7 +97,7 @@ def run_sweep(spec: SweepSpec, trials: list[TrialSpec], out: Path,
                             "hardware.num_gpus: 0 for CPU ranks, or execution.logical_gpus: "
                             "true to rehearse placement without GPUs")
         if not writer.resumed:  # a resumed run keeps the system facts its first rows came from
-            write_run_files(out, spec, cluster.describe())
+            write_run_files(out, spec, cluster.describe(), cluster.node_facts())
         outputs = [_stage(variant, out, writer) for variant in stage_variants(spec)]
         trials = _with_stage_output(trials, outputs)
         if not spec.search:  # a resumed search replays its probes' rows instead (probe below)

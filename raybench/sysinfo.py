@@ -1,8 +1,9 @@
 """System facts recorded with every sweep (`system_info.json`): what produced the numbers.
 
 Owns host, CPU, RAM, GPU (through NVML where present), driver, CUDA, library versions and NCCL
-variables of the machine it runs on. Cluster-wide facts (Ray nodes and resources) are passed in by
-the caller. Missing sources (no GPU, no NVML) give empty fields, never an exception.
+variables of the machine it runs on (`machine`). On a cluster the driver is often a CPU head
+node, so the caller also passes each node's own facts, gathered there (cluster.node_facts), and
+the cluster's resources. Missing sources (no GPU, no NVML) give empty fields, never an exception.
 """
 
 from __future__ import annotations
@@ -25,7 +26,14 @@ log = logging.getLogger(__name__)
 PACKAGES = ("ray", "torch", "torchvision", "numpy", "pandas", "pyarrow", "pydantic", "raybench")
 
 
-def collect(cluster: dict[str, Any] | None = None) -> dict[str, Any]:
+def collect(cluster: dict[str, Any] | None = None,
+            nodes: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """This machine's facts, the cluster's, and `nodes`: every node's own, keyed by node IP."""
+    return {**machine(), "cluster": cluster or {}, "nodes": nodes or {}}
+
+
+def machine() -> dict[str, Any]:
+    """The facts of the machine this runs on."""
     return {
         "host": socket.gethostname(),
         "platform": platform.platform(),
@@ -42,7 +50,6 @@ def collect(cluster: dict[str, Any] | None = None) -> dict[str, Any]:
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "numa_nodes": len(list(Path("/sys/devices/system/node").glob("node[0-9]*"))) or None,
         "gpu_topology": _command(["nvidia-smi", "topo", "-m"]),
-        "cluster": cluster or {},
     }
 
 

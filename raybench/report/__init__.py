@@ -70,6 +70,7 @@ def model(runs: list[dict[str, Any]], memory_budget_mb: float | None = None) -> 
             f"{s.get('host', '?')}, {gpus}, CPU {s.get('cpu', {}).get('model', '?')}; "
             f"{where}; started {_first(r['frame'], 'start_time')}; ray {versions.get('ray')}, "
             f"torch {versions.get('torch')}, CUDA {s.get('cuda', {}).get('torch_cuda')}")
+        header += [node_line(ip, facts) for ip, facts in s.get("nodes", {}).items()]
     return {
         "title": " vs ".join(sweeps) if len(runs) > 1 else sweeps[0],
         "header": header, "columns": columns,
@@ -78,6 +79,23 @@ def model(runs: list[dict[str, Any]], memory_budget_mb: float | None = None) -> 
         "frame": df,
         "details": {k: v for r in runs for k, v in r["details"].items()},
     }
+
+
+def node_line(ip: str, f: dict[str, Any]) -> str:
+    """One node's own facts for the header: what ran there, as that node saw it."""
+    if "error" in f:
+        return f"node {ip}: facts unavailable ({f['error']})"
+    gpus = f.get("gpus") or []
+    names = sorted({g.get("name", "?") for g in gpus})
+    gpu = (f"{len(gpus)}x {', '.join(names)}, driver {gpus[0].get('driver', '?')}" if gpus
+           else "no GPU")
+    cuda, cpu = f.get("cuda", {}), f.get("cpu", {})
+    nccl = ", ".join(f"{k}={v}" for k, v in (f.get("nccl_env") or {}).items())
+    return (f"node {ip} ({f.get('host', '?')}): {gpu}; CUDA {cuda.get('torch_cuda')}, NCCL "
+            f"{cuda.get('nccl')}{' (' + nccl + ')' if nccl else ''}; CPU {cpu.get('model', '?')} "
+            f"x{cpu.get('logical', '?')}, {f.get('memory_gb', '?')} GB; torch "
+            f"{f.get('versions', {}).get('torch')}"
+            + ("; topology in system_info.json" if f.get("gpu_topology") else ""))
 
 
 def build(run_dirs: list[Path], memory_budget_mb: float | None = None) -> tuple[str, dict]:

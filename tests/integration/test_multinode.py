@@ -63,6 +63,10 @@ def test_a_trial_larger_than_a_node_is_spread_and_records_both(two_nodes, tmp_pa
     ranks = json.loads(next((tmp_path / "run" / "trials").glob("*.json")).read_text())["ranks"]
     assert {r["node_ip"] for r in ranks} == {"127.0.0.2", "127.0.0.3"}
     assert sorted(r["node_rank"] for r in ranks) == [0, 0, 1, 1]
+    # system facts from each node, not only the driver's
+    nodes = json.loads((tmp_path / "run" / "system_info.json").read_text())["nodes"]
+    assert sorted(nodes) == ["127.0.0.2", "127.0.0.3"]
+    assert all("error" not in f and f["versions"]["torch"] for f in nodes.values())
 
 
 def test_pack_runs_one_gpu_trials_side_by_side_on_different_gpus(two_nodes, tmp_path):

@@ -61,6 +61,20 @@ def test_power_cap_is_a_note_and_slowdowns_invalidate():
     assert page_rows[0]["validity_notes"].startswith("at the GPU's power limit")
 
 
+def test_header_names_every_node_as_it_saw_itself():
+    gpu_node = {"host": "dgx1", "gpus": [{"name": "NVIDIA A100-SXM4-80GB", "driver": "580.1"}] * 8,
+                "cuda": {"torch_cuda": "13.0", "nccl": "2.28.9"}, "cpu": {"model": "AMD EPYC",
+                "logical": 256}, "memory_gb": 2015.6, "versions": {"torch": "2.15.0"},
+                "nccl_env": {"NCCL_IB_HCA": "mlx5"}, "gpu_topology": "GPU0 X NV12"}
+    system = {"nodes": {"10.0.0.5": gpu_node, "10.0.0.6": {"error": "no answer in 120 s"}}}
+    header = model([{"dir": "r", "frame": pd.DataFrame([row("a", 1, 1, 1.0)]), "details": {},
+                     "system": system}])["header"]
+    assert header[1] == ("node 10.0.0.5 (dgx1): 8x NVIDIA A100-SXM4-80GB, driver 580.1; CUDA "
+                         "13.0, NCCL 2.28.9 (NCCL_IB_HCA=mlx5); CPU AMD EPYC x256, 2015.6 GB; "
+                         "torch 2.15.0; topology in system_info.json")
+    assert header[2] == "node 10.0.0.6: facts unavailable (no answer in 120 s)"
+
+
 def test_recommendations_skip_invalid_and_respect_budget():
     rec = recommend(FRAME, memory_budget_mb=5000)
     assert rec["fastest"]["trial_key"] == "d"  # "f" is faster but its CV makes it invalid
