@@ -3,10 +3,10 @@
 Owns the two ways of running it (Ray Data: inputs made by tasks, `map_batches` over a fixed pool
 of replica actors, one GPU each where the trial has GPUs; in-process: one thread per replica
 pulling batches from a shared queue) and the figures (pure `summarize`): throughput over the
-timed pass (first batch start to last batch end, replica clocks), each replica's rate while
-busy, per-node throughput, utilisation, batch latency, agreement with the reference and the
-projected time of a dataset of `project_samples` (replica start-up plus that many samples at
-the measured rate).
+timed pass (first batch start to last batch end, on one clock: `pass_seconds`), each replica's
+rate while busy, per-node throughput, utilisation, batch latency, agreement with the reference
+and the projected time of a dataset of `project_samples` (replica start-up plus that many
+samples at the measured rate).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import json
 import math
 import queue
 import threading
+import time
 from collections import defaultdict
 from typing import Any
 
@@ -30,7 +31,7 @@ def summarize(records: list[dict[str, Any]], stats: list[dict[str, Any]], trial:
     """Row metrics of one offline pass from its per-batch records and replica facts (pure)."""
     inf = trial.inference
     n = sum(r["n"] for r in records)
-    wall = max(r["t_end"] for r in records) - min(r["t_start"] for r in records)
+    wall = pass_seconds(records)
     by_replica: dict[Any, list[dict[str, Any]]] = defaultdict(list)
     by_node: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in records:
@@ -188,8 +189,24 @@ def run_ray(trial: TrialSpec, start_timeout_s: float, logical_gpus: bool = False
         _RayReplica, fn_constructor_kwargs={"trial": d, "logical_gpus": logical_gpus},
         batch_size=b, compute=ray.data.ActorPoolStrategy(size=inf.replicas),
         num_cpus=hw.cpus_per_worker, num_gpus=1 if hw.use_gpu else 0)
-    rows = ds.take_all()
+    rows = []
+    for row in ds.iter_rows():  # as they reach the driver: its clock times the pass
+        row["arrived_s"] = time.perf_counter()
+        rows.append(row)
     return _unpack(rows)
+
+
+def pass_seconds(records: list[dict[str, Any]]) -> float:
+    """First batch start to last batch end, on one clock.
+
+    Replicas on other nodes have other clocks: their `t_start` times differ by the nodes'
+    clock skew, which would enter the throughput. On Ray each batch carries `arrived_s`, the
+    driver's clock when it reached the driver; its start is that minus its service time (a
+    duration, measured on one replica's clock). In-process all replicas share one clock."""
+    if all(r.get("arrived_s") is not None for r in records):
+        return (max(r["arrived_s"] for r in records)
+                - min(r["arrived_s"] - r["service_s"] for r in records))
+    return max(r["t_end"] for r in records) - min(r["t_start"] for r in records)
 
 
 def _inputs(batch: dict[str, np.ndarray], trial: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -232,6 +249,7 @@ def _unpack(rows: list[dict[str, Any]]) -> tuple[list[dict], list[dict]]:
         if key not in batches:
             batches[key] = {k: _plain(v) for k, v in row.items()
                             if not k.startswith("stat_") and k not in ("id", "seq")}
+        batches[key]["arrived_s"] = row["arrived_s"]  # the batch's last row
         stats[row["replica"]] = {k[5:]: _plain(v) for k, v in row.items() if k.startswith("stat_")}
     return list(batches.values()), list(stats.values())
 

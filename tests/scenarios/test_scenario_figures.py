@@ -104,6 +104,23 @@ def records(replicas=2, nodes=("10.0.0.1", "10.0.0.2"), batches=5, n=4, service=
     return out
 
 
+def test_the_pass_is_timed_on_one_clock_across_nodes():
+    # Two replicas on two nodes whose clocks differ by 1,000 s; each did 5 batches of 0.1 s
+    # every 0.125 s. On Ray every batch also carries the driver's clock when it arrived.
+    recs = records()
+    for r in recs:
+        if r["replica"] == 1:
+            r["t_start"] += 1000.0  # node 2's clock runs ahead
+            r["t_end"] += 1000.0
+    assert offline.pass_seconds(recs) == pytest.approx(1000.6)  # replica clocks: skew enters
+    for r in recs:
+        r["arrived_s"] = 50.0 + (r["t_end"] - 1000.0 * r["replica"] - 1000.0) + 0.002
+    assert offline.pass_seconds(recs) == pytest.approx(0.6)  # 4 x 0.125 + 0.1, driver's clock
+    m = offline.summarize(recs, [{"setup_s": 1.0, "rss_peak_mb": 1.0}] * 2,
+                          trial(scenario="offline", replicas=2, samples=40))
+    assert m["infer/samples_per_s"] == pytest.approx(40 / 0.6)
+
+
 def test_offline_figures_from_records():
     t = trial(scenario="offline", replicas=2, samples=40, project_samples=13368,
               accuracy_target=0.9)
