@@ -35,6 +35,7 @@ import pyarrow.parquet as pq
 
 from raybench.data import xview3 as x3
 from raybench.data.chipread import ChipParams, ChipReadError, read_strip, scene_shape
+from raybench.data.draws import Draws
 from raybench.data.labels import chip_labels, read_labels
 from raybench.memory import peak_rss_mb
 
@@ -53,9 +54,8 @@ def plan(scene_dir: Path, labels: pd.DataFrame, params: ChipParams, select: str,
         labelled = {cell for _, lab in labels.iterrows()
                     for cell in _cells_of(lab, params, n_r, n_c)}
         empty = sorted({(i, j) for i in range(n_r) for j in range(n_c)} - labelled)
-        rng = np.random.default_rng([seed, int(scene_dir.name[:8], 16)])
         n_bg = min(len(empty), int(math.ceil(background * len(labels))))
-        picked = rng.choice(len(empty), size=n_bg, replace=False) if n_bg else []
+        picked = Draws([seed, int(scene_dir.name[:8], 16)]).sample(len(empty), n_bg)
         keep = labelled | {empty[k] for k in picked}
     strips: dict[int, list[int]] = {}
     for i, j in sorted(keep):

@@ -4,7 +4,8 @@ Owns a scene model (a tilted swath with nodata outside it, a wavy north-south co
 island, wind and bathymetry fields, SAR sea clutter with speckle in dB, vessels as bright compact
 targets sized by their length, fixed infrastructure near shore) and writing it: seven float32
 GeoTIFFs in UTM, shoreline contours, 16-column label CSVs. Everything is a function of (seed,
-scene, block), and the 10 m bands are written in row blocks, so memory stays bounded at any size.
+scene, block), drawn through `draws.Draws` so that no NumPy release changes it, and the 10 m
+bands are written in row blocks, so memory stays bounded at any size.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from rasterio.transform import Affine
 from rasterio.warp import transform as warp_transform
 
 from raybench.data import xview3 as x3
+from raybench.data.draws import Draws
 
 log = logging.getLogger(__name__)
 BLOCK_ROWS = 512  # rows per windowed write: one strip of GeoTIFF tiles
@@ -97,13 +99,13 @@ class Scene:
 def make_scenes(n: int, rows: int, cols: int, seed: int,
                 density: float = REAL_DENSITY) -> list[Scene]:
     """`n` scenes, about three quarters train, at least one of each split when n >= 2."""
-    rng = np.random.default_rng(seed)
+    rng = Draws(seed)
     n_val = 0 if n < 2 else max(1, n // 4)
     scenes = []
     for i in range(n):
         split = "validation" if i >= n - n_val else "train"
         sid = rng.bytes(8).hex() + x3.SPLITS[split]
-        zone = int(rng.integers(1, 61))
+        zone = rng.integers(1, 61)
         north = rng.random() < 0.8
         scenes.append(Scene(
             scene_id=sid, split=split, index=i, seed=seed, rows=rows, cols=cols, density=density,
@@ -123,7 +125,7 @@ def make_scenes(n: int, rows: int, cols: int, seed: int,
 
 def make_targets(scene: Scene) -> pd.DataFrame:
     """Vessels on open water and infrastructure near shore, with their true extents."""
-    rng = np.random.default_rng([scene.seed, scene.index, 7])
+    rng = Draws([scene.seed, scene.index, 7])
     # Small test scenes still get a handful; a higher density gives a detector more to learn
     # from in a short CPU run (the layout is the same, only the count changes).
     n = max(8, int(scene.density * scene.rows * scene.cols / 1e6))
@@ -159,16 +161,16 @@ def make_targets(scene: Scene) -> pd.DataFrame:
 
 def render_block(scene: Scene, band: str, r0: int, r1: int, targets: pd.DataFrame) -> np.ndarray:
     """One row block of a 10 m band in dB (nodata outside the swath), deterministic per block."""
-    rng = np.random.default_rng([scene.seed, scene.index, 1 if band == "vh" else 2, r0])
+    rng = Draws([scene.seed, scene.index, 1 if band == "vh" else 2, r0])
     r = np.arange(r0, r1, dtype=np.float64)[:, None]
     c = np.arange(scene.cols, dtype=np.float64)[None, :]
     speed, _ = scene.wind(r, c)
     base = (-26.3 if band == "vh" else -16.4) + 0.6 * (speed - 7) - 3.0 * (c / scene.cols - 0.5)
     land = scene.land(r, c)
     texture = 3.0 * np.sin(r / 37.0 + c / 91.0) * np.cos(c / 23.0 - r / 53.0) \
-        + rng.normal(0.0, 1.5, size=(r1 - r0, scene.cols))
+        + rng.normal(0.0, 1.5, (r1 - r0, scene.cols))
     level_db = np.where(land, base + 9.0 + texture, base)
-    speckle = rng.gamma(4.0, 1 / 4.0, size=level_db.shape)  # 4-look intensity speckle
+    speckle = rng.erlang(4, 1 / 4.0, level_db.shape)  # 4-look intensity speckle
     linear = 10 ** (level_db / 10) * speckle
     for t in targets.itertuples():
         _add_target(linear, t, r0, r1, scene.cols, band)
@@ -242,7 +244,7 @@ def write_scene(scene: Scene, root: Path) -> pd.DataFrame:
 
 
 def labels_for(scene: Scene, targets: pd.DataFrame, contours: list[np.ndarray]) -> pd.DataFrame:
-    rng = np.random.default_rng([scene.seed, scene.index, 11])
+    rng = Draws([scene.seed, scene.index, 11])
     k = len(targets)
     # Pixel centres through the affine transform, then UTM -> WGS84.
     xs, ys = rasterio.transform.xy(scene.transform, targets["row"].to_numpy(),
