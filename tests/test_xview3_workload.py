@@ -126,8 +126,13 @@ def test_epoch_loop_measures_all_but_warmup_and_evaluates_outside_the_timing():
 @pytest.mark.slow
 def test_detector_learns_on_synthetic_chips(tmp_path):
     """The CPU sweep's model, on its own synthetic recipe, in-process: validation detection F1
-    of at least 0.5 after training, where the same model untrained finds nothing. Three of the
-    sweep's four epochs (30 s less in CI; F1 0.83 after three, 0.86 after four, on 2 cores)."""
+    of at least 0.5 after three epochs, where the same model untrained finds nothing.
+
+    The bound has a margin below what the recipe reaches wherever it runs: detection F1 at the
+    sweep's threshold 0.3 (scored by objectness) measured 0.74-0.86 over model seeds 0 and 2,
+    a second data seed, and AVX-512 vs AVX2 CPU kernels (2 cores, torch 2.15.0). Scored per
+    class (torchvision's rule), the same recipe gave 0.29 on AVX-512 and 0.84 on AVX2: the
+    scores of true vessels sat on the threshold, and the CPU's numerics decided the test."""
     data = tmp_path / "synth"
     generate(data, n=8, rows=1024, cols=1024, seed=1, density=30)
     sets = [f"workload.scenes={data}/train", f"workload.labels={data}/labels/train.csv",
