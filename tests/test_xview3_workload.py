@@ -77,6 +77,28 @@ def test_models_take_any_channel_count(backbone, anchors):
     assert set(out) == {"boxes", "scores", "labels"}
 
 
+def test_objectness_scores_a_region_whose_class_call_is_split():
+    from raybench.workloads.xview3_frcnn import build_model
+
+    cls = workloads.get("xview3_frcnn")
+    kw = dict(chip_size=64, box_head_dim=32, roi_samples=16, rpn_proposals_train=50,
+              rpn_proposals_test=50)
+    # one region: background 0.30, fishing 0.36, non-fishing 0.34, non-vessel 0.00
+    logits = torch.log(torch.tensor([[0.30, 0.36, 0.34, 1e-9]]))
+    regression = torch.zeros(1, 4 * 4)
+    proposals = [torch.tensor([[10.0, 10, 20, 20]])]
+    found = {}
+    for mode in ("objectness", "class"):
+        heads = build_model(cls.Params(detection_score=mode, **kw), 2).roi_heads
+        boxes, scores, labels = heads.postprocess_detections(logits, regression, proposals,
+                                                             [(64, 64)])
+        found[mode] = (scores[0].tolist(), labels[0].tolist(), boxes[0].tolist())
+    scores, labels, boxes = found["objectness"]
+    assert scores == pytest.approx([0.70]) and labels == [1] and boxes == [[10, 10, 20, 20]]
+    scores, labels, _ = found["class"]  # one detection per class, each under 0.4
+    assert sorted(scores) == pytest.approx([0.34, 0.36]) and sorted(labels) == [1, 2]
+
+
 def test_a_step_window_is_an_error_for_an_epoch_workload(write_sweep):
     path = write_sweep("name: x\nsystem: {label: a}\nworkload: {name: xview3_frcnn}\n"
                        "measure: {measure_steps: 50}\n")
