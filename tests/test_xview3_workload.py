@@ -146,6 +146,7 @@ def test_epoch_loop_measures_all_but_warmup_and_evaluates_outside_the_timing():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # 182 s alone on 2 cores here, 262 s on a slower VM: not a hang at 300
 def test_detector_learns_on_synthetic_chips(tmp_path):
     """The CPU sweep's model, on its own synthetic recipe, in-process: validation detection F1
     of at least 0.5 after three epochs, where the same model untrained finds nothing.
