@@ -1,7 +1,8 @@
 """FLOPs per sample and model FLOPs utilisation (MFU) against a peak table.
 
 Owns counting (torch.utils.flop_counter, once per model and input shape, on the meta device so
-it costs no compute) and the peak table. Conventions: a multiply-add counts as 2 FLOPs, as
+it costs no compute, or on one real call for models whose work depends on the data) and the
+peak table. Conventions: a multiply-add counts as 2 FLOPs, as
 torch's counter and the GPU datasheets do (papers that quote ResNet-50 at "4.1 GFLOPs" count
 multiply-adds); a training step is forward + backward as counted, not a 3x rule of thumb. MFU is
 None, never 0, when the GPU or the precision is not in the table.
@@ -10,6 +11,8 @@ None, never 0, when the GPU or the precision is not in the table.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -75,6 +78,19 @@ def flops_per_sample(model: torch.nn.Module, example: torch.Tensor, train: bool)
             with torch.no_grad():
                 meta_model(x)
     return float(counter.get_total_flops())
+
+
+def counted(call: Callable[[], Any], samples: int) -> float | None:
+    """FLOPs per sample of one real `call` on its own device; None when it counts none.
+
+    For models whose work depends on the data, which the meta device cannot run: a detector's
+    proposals and sampled regions, a decoder's growing cache. The caller keeps the call off
+    every timing and free of side effects on the measured model."""
+    counter = FlopCounterMode(display=False)
+    with counter:
+        call()
+    total = counter.get_total_flops()
+    return float(total) / samples if total and samples else None
 
 
 def mfu(flops_per_sample_: float | None, samples_per_s_per_gpu: float | None,

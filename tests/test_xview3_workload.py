@@ -99,6 +99,37 @@ def test_objectness_scores_a_region_whose_class_call_is_split():
     assert sorted(scores) == pytest.approx([0.34, 0.36]) and sorted(labels) == [1, 2]
 
 
+def test_detector_flops_are_counted_on_a_real_batch_leaving_the_model_as_it_was(scenes, tmp_path):
+    from raybench import flops
+
+    cls = workloads.get("xview3_frcnn")
+    p = cls.Params(backbone="resnet18_fpn", chip_size=128, batch_size=2, channels=["vh", "vv"],
+                   scenes=str(scenes / "train"), labels=str(scenes / "labels" / "train.csv"),
+                   val_scenes=str(scenes / "validation"),
+                   val_labels=str(scenes / "labels" / "validation.csv"), shoreline=None,
+                   chips_cache=str(tmp_path / "chips"), box_head_dim=32, roi_samples=16,
+                   rpn_proposals_train=50, rpn_proposals_test=50)
+    w = cls(p, WorkerContext(0, 0, 1, 0, torch.device("cpu"), HardwareSpec()))
+    w.setup()
+    before = {k: v.clone() for k, v in w.model.state_dict().items()}
+    counted = w.flops_per_sample()
+
+    class Summed(torch.nn.Module):  # the FPN's feature maps as one output to backpropagate
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, x):
+            return sum(v.sum() for v in self.m(x).values())
+
+    backbone = flops.flops_per_sample(Summed(w.model.backbone), torch.zeros(1, 2, 128, 128),
+                                      True)
+    assert counted > backbone > 1e8  # the whole training step holds the backbone's
+    after = w.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # BatchNorm stats too
+    assert all(q.grad is None for q in w.model.parameters())
+
+
 def test_a_step_window_is_an_error_for_an_epoch_workload(write_sweep):
     path = write_sweep("name: x\nsystem: {label: a}\nworkload: {name: xview3_frcnn}\n"
                        "measure: {measure_steps: 50}\n")

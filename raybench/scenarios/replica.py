@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
 import os
 import socket
 import time
@@ -22,10 +23,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from raybench import workloads
+from raybench import flops, workloads
 from raybench.context import WorkerContext
 from raybench.grid import TrialSpec
 from raybench.memory import peak_rss_mb
+
+log = logging.getLogger(__name__)
 
 
 class Replica:
@@ -63,7 +66,19 @@ class Replica:
             began = time.perf_counter()
             self.score = self._task_score()
             self.check_s += time.perf_counter() - began
-        self.setup_s = time.perf_counter() - start - self.check_s
+        began = time.perf_counter()
+        self.flops = self._count_flops(inputs, len(warm))
+        count_s = time.perf_counter() - began  # like the check, not part of start-up
+        self.setup_s = time.perf_counter() - start - self.check_s - count_s
+
+    def _count_flops(self, inputs: dict[str, np.ndarray], samples: int) -> float | None:
+        """Forward FLOPs per sample of one real call (any served model, data-dependent ones
+        too); None for a model without counted ops (fixed_service) or one the counter fails on."""
+        try:
+            return flops.counted(lambda: self.workload.serve(inputs), samples)
+        except Exception as e:  # MFU stays unknown, not wrong
+            log.info("FLOP count unavailable (%s: %s)", type(e).__name__, e)
+            return None
 
     def _build(self, hardware) -> workloads.Workload:
         ctx = WorkerContext(0, 0, 1, 0, self.device, hardware)
@@ -141,6 +156,7 @@ class Replica:
             "peak_allocated_mb": torch.cuda.max_memory_allocated(self.device) / 2**20
             if cuda else None,
             "rss_peak_mb": peak_rss_mb(),
+            "flops_per_sample": self.flops,
             "accuracy_check_s": self.check_s,
             # JSON: these facts travel as Ray Data columns, where a dict is no plain value
             "score": json.dumps(self.score) if self.score is not None else None,

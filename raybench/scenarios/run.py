@@ -91,6 +91,8 @@ def server_outcome(trial: TrialSpec, best: dict[str, Any] | None, probes: list[d
     every = server.distinct_calls([r for p in probes for r in p["_run"]["records"]])
     metrics.update(offline.accuracy(every, stats, trial))
     metrics.update(offline.replica_memory(stats))
+    metrics.update(offline.replica_perf(stats, metrics["server/samples_per_s"],
+                                        trial.hardware.precision))
     lat = shown["_run"]["latency_s"]
     records = [{"probe": [_plain(p) for p in probes],
                 "latency_ms": [None if not np.isfinite(x) else round(float(x) * 1e3, 4)

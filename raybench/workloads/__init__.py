@@ -99,6 +99,22 @@ class Workload(ABC):
     def samples_per_step(self) -> int:
         return self.params.batch_size
 
+    def flops_per_sample(self) -> float | None:
+        """FLOPs of one sample of a step (forward, plus backward when it trains), for MFU;
+        None when unknown. By default counted on the meta device from `describe()`'s
+        `input_shape`; a workload whose work depends on the data counts a real call instead
+        (`flops.counted`)."""
+        import torch  # the package stays importable without torch (spec, --dry-run)
+
+        from raybench import flops
+
+        shape = self.describe().get("input_shape")
+        if not shape:
+            return None
+        dtype = next(self.model.parameters()).dtype  # a bf16 inference model takes bf16
+        return flops.flops_per_sample(self.model, torch.zeros(1, *shape, dtype=dtype),
+                                      self.trains)
+
     def describe(self) -> dict[str, Any]:
         """Extra per-trial facts for the results (e.g. input shape); override to add some."""
         return {}

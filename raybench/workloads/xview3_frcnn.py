@@ -410,6 +410,26 @@ class Xview3Frcnn(Workload):
     def model(self) -> nn.Module:
         return self._model
 
+    def flops_per_sample(self) -> float | None:
+        """A training step's FLOPs per chip, counted on a real batch: the regions the RPN
+        proposes and the box head samples depend on the data, so the meta device cannot run it.
+        A copy of the model does the step, leaving the measured model's BatchNorm statistics
+        and gradients as they were."""
+        import copy
+
+        from raybench import flops
+
+        images, targets, _ = next(iter(self.loader))
+        images, targets = self.to_device((images, targets))
+        model = copy.deepcopy(self._model).train()
+
+        def step() -> None:
+            with self.ctx.autocast():
+                loss = sum(model(images, targets).values())
+            loss.backward()
+
+        return flops.counted(step, len(images))
+
     # --- serving ---------------------------------------------------------------------------
 
     @classmethod

@@ -7,8 +7,10 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+import torch
+import torchvision
 
-from raybench import bench
+from raybench import bench, flops
 from raybench.grid import expand
 from raybench.report.assess import validity
 from raybench.scenarios import server
@@ -146,6 +148,15 @@ def test_accuracy_below_target_marks_the_run_invalid():
     assert bf16["infer/accuracy"] < 0.99 and bf16["infer/accuracy_ok"] is False
     assert validity(fp32) == []
     assert validity(bf16) == [f"agreement {bf16['infer/accuracy']:.4f} < target 0.99"]
+    # MFU's inputs for served rows: forward FLOPs of a real call, as the meta-device count of
+    # the same model gives them; the achieved rate from the measured samples/s (no peak on CPU)
+    expect = flops.flops_per_sample(torchvision.models.resnet18(num_classes=100),
+                                    torch.zeros(1, 3, 64, 64), train=False)
+    for r in (fp32, bf16):
+        assert r["perf/gflops_per_sample"] == pytest.approx(expect / 1e9, rel=1e-6)
+        assert r["perf/achieved_tflops_per_gpu"] == pytest.approx(
+            expect * r["infer/samples_per_s"] / 1e12)
+        assert r["perf/mfu_pct"] is None
 
 
 def test_language_model_offline_and_server_figures():
@@ -154,6 +165,10 @@ def test_language_model_offline_and_server_figures():
     (off,) = sweep(lm, scenario="offline", samples=32)
     m = run_trial(off, "local")["metrics"]
     assert m["infer/tokens_per_s"] == pytest.approx(m["infer/samples_per_s"] * 8)
+    # prefill (32 tokens) and 7 decode steps through 2 blocks of 49,152 weights, and the head
+    # (512 x 64) once per generated token: 2 FLOPs per weight per token; attention adds a few %
+    weights = 2 * 2 * 49_152 * (32 + 7) + 2 * 512 * 64 * 8
+    assert weights <= m["perf/gflops_per_sample"] * 1e9 <= 1.25 * weights
     assert m["infer/prefill_tokens_per_s"] > m["infer/decode_tokens_per_s"] > 0
     (srv,) = sweep(lm, scenario="server", rate_qps=20.0, latency_bound_ms=1000.0,
                    probe_seconds=1.0, min_queries=20)
