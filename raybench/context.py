@@ -38,7 +38,10 @@ class WorkerContext:
     node_ip: str | None = None
     accelerator_ids: list[str] = field(default_factory=list)  # GPUs the cluster gave this rank
     sync: str = "step"  # measure.sync: "window" times steps and phases with marks, no host sync
+    own_s: list[float] = field(default_factory=list)  # DDP: this rank's compute per step
     _pending: list = field(default_factory=list)  # window mode: (phase, start, end) marks
+    _own: dict = field(default_factory=dict)  # the current step's own-compute marks
+    _own_marks: list = field(default_factory=list)  # (start, end) per step, read at settle
 
     @property
     def distributed(self) -> bool:
@@ -89,10 +92,50 @@ class WorkerContext:
         self.phase_s.setdefault(name, []).append(time.perf_counter() - start)
 
     def settle_phases(self) -> None:
-        """Window mode, after the device is synchronised: pending phase marks become times."""
+        """After the device is synchronised: pending phase and own-compute marks become times."""
         for name, start, end in self._pending:
             self.phase_s.setdefault(name, []).append(self.seconds(start, end))
         self._pending.clear()
+        self.own_s += [self.seconds(start, end) for start, end in self._own_marks]
+        self._own_marks.clear()
+
+    def end_step(self) -> None:
+        """The step loop's call after each step: keep its own-compute marks, if it had both."""
+        if "start" in self._own and "end" in self._own:
+            self._own_marks.append((self._own["start"], self._own["end"]))
+        self._own.clear()
+
+    def clear_measurements(self) -> None:
+        """Warmup's phase and own-compute times are not measurements."""
+        self.phase_s.clear()
+        self.own_s.clear()
+        self._pending.clear()
+        self._own_marks.clear()
+        self._own.clear()
+
+    def _watch_own_compute(self, module: torch.nn.Module) -> None:
+        """Mark this rank's own forward and backward inside DDP, apart from waiting for others.
+
+        DDP makes every rank wait for the slowest (buffer broadcast before forward, gradient
+        all-reduce after backward), so step times are equal and a slow GPU cannot show in them.
+        The marks run from the wrapped module's forward (after the broadcast) to the gradient of
+        its first parameter, the last one backward produces, before the final all-reduce wait:
+        two marks per step, on the real steps, with nothing else changed."""
+        first = next((q for q in module.parameters() if q.requires_grad), None)
+        if first is None:  # forward-only: DDP synchronises nothing in its steps
+            return
+
+        def start(*_: object) -> None:
+            # training forwards only (an evaluation between epochs runs under no_grad); of
+            # several in one step, the first
+            if torch.is_grad_enabled() and "start" not in self._own:
+                self._own["start"] = self.mark()
+
+        def end(_: torch.Tensor) -> None:
+            self._own["end"] = self.mark()
+
+        module.register_forward_pre_hook(start)
+        first.register_post_accumulate_grad_hook(end)
 
     def set_math_mode(self) -> None:
         """FP32 matmuls and convolutions in IEEE FP32, or in TF32 for `precision: tf32`, and
@@ -142,6 +185,8 @@ class WorkerContext:
             model = model.to(memory_format=torch.channels_last)
         if self.distributed:
             ids = [self.device.index] if self.is_cuda else None
+            if not self.hardware.compile:  # hooks with marks would break compiled graphs
+                self._watch_own_compute(model)
             model = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
         if self.hardware.compile:
             model = torch.compile(model)

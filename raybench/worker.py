@@ -24,7 +24,6 @@ import torch
 
 from raybench import workloads
 from raybench.context import WorkerContext
-from raybench.flops import flops_per_sample
 from raybench.grid import TrialSpec
 from raybench.memory import peak_rss_mb, reset_peak_rss
 from raybench.telemetry import aggregate, open_sampler
@@ -72,7 +71,7 @@ def measure_rank(trial: TrialSpec, ctx: WorkerContext) -> dict[str, Any]:
     else:
         warm = [_timed_step(workload, batches, ctx) for _ in range(m.warmup_steps)]
         steps = m.measure_steps or _steps_for_window(m.measure_seconds, warm, ctx)
-        ctx.phase_s.clear()  # warmup's phase times are not measurements
+        ctx.clear_measurements()  # warmup's phase and own-compute times are not measurements
         if sampler:
             sampler.start()  # the measured window only: warmup and set-up are not steady state
         cpu0, wall0 = _cpu_seconds(), time.perf_counter()
@@ -86,6 +85,9 @@ def measure_rank(trial: TrialSpec, ctx: WorkerContext) -> dict[str, Any]:
     cpu_util = 100.0 * (_cpu_seconds() - cpu0) / (time.perf_counter() - wall0)
     telemetry = sampler.stop() if sampler else []
     memory = _memory(ctx)  # before tracing and FLOP counting, which are not the workload's
+    ctx.settle_phases()  # epochs: their steps' own-compute marks
+    phases = {k: list(v) for k, v in ctx.phase_s.items()}  # ...nor are their phase times
+    own = list(ctx.own_s)
     trace = _profile(workload, batches, ctx, m.profile_steps)
 
     model = workload.model
@@ -112,7 +114,8 @@ def measure_rank(trial: TrialSpec, ctx: WorkerContext) -> dict[str, Any]:
         "wait_s": wait_s,
         "compute_s": compute_s,
         "windows_s": run["windows_s"],
-        "phase_s": dict(ctx.phase_s),
+        "phase_s": phases,
+        "own_s": own,
         "setup_s": setup_s,
         "loss_final": None if loss is None else float(loss.float().item()),
         "params": n_params,
@@ -145,6 +148,7 @@ def _run_windows(workload: workloads.Workload, batches: Any, ctx: WorkerContext,
                 w, c, out["loss"] = _timed_step(workload, batches, ctx)
                 out["wait_s"].append(w)
                 out["compute_s"].append(c)
+            ctx.settle_phases()  # own-compute marks (events are complete after the syncs)
         out["windows_s"].append(time.perf_counter() - start)
     return out
 
@@ -163,6 +167,7 @@ def _unsynced_steps(workload: workloads.Workload, batches: Any, ctx: WorkerConte
         batch = workload.to_device(next(batches))
         waits.append(time.perf_counter() - t0)
         loss = workload.step(batch)
+        ctx.end_step()
     marks.append(ctx.mark())
     ctx.synchronize()
     ctx.settle_phases()
@@ -189,7 +194,7 @@ def _run_epochs(workload: workloads.Workload, batches: Any, ctx: WorkerContext,
             w, c, out["loss"] = _timed_step(workload, batches, ctx)
             if e == 0 and i < warmup:
                 out["warm"].append((w, c, out["loss"]))
-                ctx.phase_s.clear()
+                ctx.clear_measurements()
                 window_start = time.perf_counter()
                 continue
             out["wait_s"].append(w)
@@ -211,7 +216,9 @@ def _timed_step(workload: workloads.Workload, batches: Any, ctx: WorkerContext):
     t1 = time.perf_counter()
     loss = workload.step(batch)
     ctx.synchronize()
-    return t1 - t0, time.perf_counter() - t1, loss
+    done = time.perf_counter()
+    ctx.end_step()
+    return t1 - t0, done - t1, loss
 
 
 def _cpu_seconds() -> float:
@@ -243,14 +250,9 @@ def _profile(workload: workloads.Workload, batches: Any, ctx: WorkerContext,
 
 
 def _flops(workload: workloads.Workload) -> float | None:
-    """FLOPs per sample for MFU, counted once on the meta device; None if it cannot be."""
-    shape = workload.describe().get("input_shape")
-    if not shape:
-        return None
+    """FLOPs per sample for MFU, counted once after the windows; None if it cannot be."""
     try:
-        dtype = next(workload.model.parameters()).dtype  # a bf16 inference model takes bf16
-        return flops_per_sample(workload.model, torch.zeros(1, *shape, dtype=dtype),
-                                workload.trains)
+        return workload.flops_per_sample()
     except Exception as e:  # an op the counter cannot trace: MFU stays unknown, not wrong
         log.info("FLOP count unavailable (%s: %s)", type(e).__name__, e)
         return None

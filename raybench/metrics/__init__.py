@@ -19,6 +19,7 @@ from raybench.flops import mfu
 
 PERCENTILES = (50, 90, 95, 99)
 INPUT_BOUND_PCT = 20.0  # waiting for data beyond this share of step time: the input is the limit
+SLOW_RANK_PCT = 10.0  # a rank's own compute this far above the median rank's: a slow device
 
 
 def outcome(records: list[dict[str, Any]] | None) -> dict[str, Any]:
@@ -91,6 +92,7 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     out["perf/achieved_tflops_per_gpu"] = achieved  # per rank; on CPU ranks too
     out["perf/mfu_pct"] = 100.0 * util if util is not None else None
     out.update(gpu_telemetry(records))
+    out.update(own_compute(records))
     out.update(epoch_metrics(first.get("epochs")))
     out.update(bandwidth(first.get("describe", {}).get("message_bytes"), records))
     pixels = first.get("describe", {}).get("pixels_per_sample")
@@ -106,6 +108,20 @@ def device_column(names: Iterable[str]) -> str:
     """What the row ran on, as the tile suites log it ("NVIDIA H100 80GB HBM3"; "cpu"): the
     distinct device names of its ranks or replicas, so a mixed-GPU trial shows as mixed."""
     return ",".join(sorted(set(names)))
+
+
+def own_compute(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each DDP rank's own forward + backward (median per step), apart from waiting for the
+    others: DDP's all-reduce makes step times equal, so only this shows a slow device. Ranks
+    more than SLOW_RANK_PCT above the median rank are named. Empty without DDP training."""
+    own = {r["rank"]: float(np.median(r["own_s"])) * 1e3 for r in records if r.get("own_s")}
+    if len(own) < 2 or len(own) != len(records):
+        return {}
+    median = float(np.median(list(own.values())))
+    slow = [rank for rank, ms in sorted(own.items()) if ms > median * (1 + SLOW_RANK_PCT / 100)]
+    return {"train/own_compute_median_ms": median,
+            "train/own_compute_skew_pct": 100.0 * (max(own.values()) / min(own.values()) - 1),
+            "train/slow_ranks": ",".join(map(str, slow))}
 
 
 def loss_finite(records: list[dict[str, Any]]) -> bool | None:
@@ -195,6 +211,7 @@ def per_rank_table(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "samples_per_s": _rank_throughput(r),
             "step_time_mean_ms": float(_step_ms(r).mean()),
             "data_wait_mean_ms": float(np.mean(r["wait_s"]) * 1e3),
+            "own_compute_ms": float(np.median(r["own_s"])) * 1e3 if r.get("own_s") else None,
         }
         for r in sorted(records, key=lambda r: r["rank"])
     ]

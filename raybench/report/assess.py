@@ -15,6 +15,7 @@ from typing import Any
 
 import pandas as pd
 
+from raybench.metrics import SLOW_RANK_PCT
 from raybench.telemetry import POWER_CAP
 
 CV_LIMIT_PCT = 10.0  # step-time CV above this: the window was too noisy to trust
@@ -91,6 +92,10 @@ def notes(row: dict[str, Any]) -> list[str]:
         out.append("at the GPU's power limit" + share
                    + (f", {power:.0f} W mean" if _num(power) else "")
                    + (f", SM clock {clock:.0f} MHz mean" if _num(clock) else ""))
+    slow = row.get("train/slow_ranks")
+    if isinstance(slow, str) and slow:
+        out.append(f"rank {slow} more than {SLOW_RANK_PCT:g}% slower than the median rank on "
+                   "its own compute (DDP's waits hide it in step times; see per-rank times)")
     return out
 
 
