@@ -7,6 +7,7 @@ chip.py; both import their layout facts from here only.
 
 from __future__ import annotations
 
+import pickle
 import re
 from pathlib import Path
 
@@ -63,10 +64,53 @@ def shoreline_path(shore_root: Path, scene_id: str) -> Path:
     return Path(shore_root) / f"{scene_id}_shoreline.npy"
 
 
+# What a pickled numpy array of arrays may name, in numpy 1 and 2 spellings: nothing else is
+# constructed, so a crafted file cannot call code (np.load(allow_pickle=True) calls anything).
+_ARRAY_PICKLE = {
+    ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
+    ("numpy", "ndarray"), ("numpy", "dtype"),
+}
+
+
+class _ArrayUnpickler(pickle.Unpickler):
+    def __init__(self, file, path: Path):
+        super().__init__(file)
+        self.path = path
+
+    def find_class(self, module: str, name: str):
+        if (module, name) not in _ARRAY_PICKLE:
+            raise ValueError(f"{self.path}: refused to load: the file names {module}.{name}, "
+                             "and a shoreline file holds only numpy arrays. Fix: use the "
+                             "dataset's own shoreline files, or rewrite this one with "
+                             "raybench.data.xview3.save_shoreline")
+        return super().find_class(module.replace("numpy.core.", "numpy._core."), name)
+
+
+def _load_object_npy(path: Path) -> np.ndarray:
+    """An .npy file, its object arrays unpickled with numpy's array reconstruction only."""
+    with open(path, "rb") as f:
+        version = np.lib.format.read_magic(f)
+        read_header = {(1, 0): np.lib.format.read_array_header_1_0,
+                       (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+        if read_header is None:
+            raise ValueError(f"{path}: .npy format {version} is not one numpy writes for arrays "
+                             "of contours (1.0 or 2.0)")
+        _, _, dtype = read_header(f)
+        if not dtype.hasobject:
+            f.seek(0)
+            return np.load(f, allow_pickle=False)
+        arr = _ArrayUnpickler(f, path).load()
+    if not isinstance(arr, np.ndarray):
+        raise ValueError(f"{path}: holds {type(arr).__name__}, not an array of contours")
+    return arr
+
+
 def load_shoreline(path: Path) -> list[np.ndarray]:
-    """Contours of (row, col) points. The real files are numpy object arrays, which numpy can
-    only read with allow_pickle; each element is checked to be a plain (N, 2) number array."""
-    arr = np.load(path, allow_pickle=True)
+    """Contours of (row, col) points. The real files are numpy object arrays (pickled); they
+    are read by an unpickler that admits numpy's array reconstruction and nothing else, and
+    each element is checked to be a plain (N, 2) number array."""
+    arr = _load_object_npy(path)
     contours = [np.asarray(c, dtype=np.float64) for c in arr]
     for c in contours:
         if c.ndim != 2 or c.shape[1] != 2:

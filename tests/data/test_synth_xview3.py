@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -111,3 +113,32 @@ def test_deterministic_per_seed(tmp_path):
         np.testing.assert_array_equal(s1.read(1), s2.read(1))
     assert [s.scene_id for s in make_scenes(2, 300, 300, 9)] != \
         [s.scene_id for s in make_scenes(2, 300, 300, 10)]
+
+
+class _Payload:
+    """What a crafted shoreline file carries: unpickling it would run a shell command."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_shoreline_files_never_run_code(tmp_path):
+    good = tmp_path / "good_shoreline.npy"
+    x3.save_shoreline(good, [np.zeros((3, 2)), np.ones((5, 2))])
+    assert [c.shape for c in x3.load_shoreline(good)] == [(3, 2), (5, 2)]
+    marker = tmp_path / "ran"
+    crafted = np.empty(2, dtype=object)
+    crafted[0], crafted[1] = np.zeros((3, 2)), _Payload(marker)
+    bad = tmp_path / "bad_shoreline.npy"
+    np.save(bad, crafted, allow_pickle=True)
+    with pytest.raises(ValueError, match=r"bad_shoreline.npy: refused to load: the file names "
+                       r"(posix|os|nt)\.system.*Fix:"):
+        x3.load_shoreline(bad)
+    assert not marker.exists()  # the callable was refused, not called
+    # a plain number array is read without unpickling, and still checked as contours
+    np.save(tmp_path / "plain.npy", np.zeros((4, 2)))
+    with pytest.raises(ValueError, match=r"a contour has shape \(2,\), expected \(N, 2\)"):
+        x3.load_shoreline(tmp_path / "plain.npy")
