@@ -178,6 +178,9 @@ def _rank_main(rank: int, trial_dict: dict[str, Any], port: int, result: str,
         records = run_worker(trial, ctx)
         if rank == 0:
             Path(result).write_text(json.dumps(records))
+        # Rank 0 hosts the group's store: a rank that tears its group down after rank 0 has
+        # exited aborted ("terminate called without an active exception", seen under load).
+        torch.distributed.barrier()
     finally:
         torch.distributed.destroy_process_group()
 

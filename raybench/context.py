@@ -79,7 +79,7 @@ class WorkerContext:
         With `sync: step`, synchronised on both ends: the syncs cost a little overlap between
         the parts; workloads use this only where the split itself is the question (the tile
         benchmark's forward vs backward). With `sync: window`, between two marks, read when
-        the window ends (`settle_phases`)."""
+        the window ends (`settle_marks`)."""
         if self.sync == "window":
             start = self.mark()
             yield
@@ -91,7 +91,7 @@ class WorkerContext:
         self.synchronize()
         self.phase_s.setdefault(name, []).append(time.perf_counter() - start)
 
-    def settle_phases(self) -> None:
+    def settle_marks(self) -> None:
         """After the device is synchronised: pending phase and own-compute marks become times."""
         for name, start, end in self._pending:
             self.phase_s.setdefault(name, []).append(self.seconds(start, end))

@@ -85,7 +85,7 @@ def measure_rank(trial: TrialSpec, ctx: WorkerContext) -> dict[str, Any]:
     cpu_util = 100.0 * (_cpu_seconds() - cpu0) / (time.perf_counter() - wall0)
     telemetry = sampler.stop() if sampler else []
     memory = _memory(ctx)  # before tracing and FLOP counting, which are not the workload's
-    ctx.settle_phases()  # epochs: their steps' own-compute marks
+    ctx.settle_marks()  # epochs: their steps' own-compute marks
     phases = {k: list(v) for k, v in ctx.phase_s.items()}  # ...nor are their phase times
     own = list(ctx.own_s)
     trace = _profile(workload, batches, ctx, m.profile_steps)
@@ -140,26 +140,31 @@ def _run_windows(workload: workloads.Workload, batches: Any, ctx: WorkerContext,
         ctx.barrier()  # ranks start each window together, so the windows overlap
         start = time.perf_counter()
         if ctx.sync == "window":
-            wait, compute, out["loss"] = _unsynced_steps(workload, batches, ctx, steps)
+            marks, wait, out["loss"] = _unsynced_steps(workload, batches, ctx, steps)
+            out["windows_s"].append(time.perf_counter() - start)
+            step_s = [ctx.seconds(a, b) for a, b in zip(marks, marks[1:], strict=False)]
+            wait = [min(w, s) for w, s in zip(wait, step_s, strict=True)]
             out["wait_s"] += wait
-            out["compute_s"] += compute
+            out["compute_s"] += [s - w for s, w in zip(step_s, wait, strict=True)]
         else:
             for _ in range(steps):
                 w, c, out["loss"] = _timed_step(workload, batches, ctx)
                 out["wait_s"].append(w)
                 out["compute_s"].append(c)
-            ctx.settle_phases()  # own-compute marks (events are complete after the syncs)
-        out["windows_s"].append(time.perf_counter() - start)
+            out["windows_s"].append(time.perf_counter() - start)
+        ctx.settle_marks()  # phase and own-compute marks, read once the window is timed
     return out
 
 
 def _unsynced_steps(workload: workloads.Workload, batches: Any, ctx: WorkerContext, steps: int):
     """`steps` steps with one device sync, at the end: the host runs ahead as in a training job.
+    Returns the marks (one as each step starts, one at the end), the host's data waits and the
+    last loss.
 
-    A mark is recorded as each step starts; a step's time is the timeline between its mark and
-    the next (the device's, on a GPU: it holds the input copy, the compute and any wait for the
-    host, so stalls still show in the distribution). Data wait is the host's time to get and
-    enqueue the batch; compute is the rest of the step. On CPU both equal `_timed_step`'s."""
+    A step's time is the timeline between its mark and the next (the device's, on a GPU: it
+    holds the input copy, the compute and any wait for the host, so stalls still show in the
+    distribution). Data wait is the host's time to get and enqueue the batch; compute is the
+    rest of the step. On CPU both equal `_timed_step`'s."""
     marks, waits, loss = [], [], None
     for _ in range(steps):
         marks.append(ctx.mark())
@@ -170,10 +175,7 @@ def _unsynced_steps(workload: workloads.Workload, batches: Any, ctx: WorkerConte
         ctx.end_step()
     marks.append(ctx.mark())
     ctx.synchronize()
-    ctx.settle_phases()
-    step_s = [ctx.seconds(a, b) for a, b in zip(marks, marks[1:], strict=False)]
-    waits = [min(w, s) for w, s in zip(waits, step_s, strict=True)]
-    return waits, [s - w for s, w in zip(step_s, waits, strict=True)], loss
+    return marks, waits, loss
 
 
 def _run_epochs(workload: workloads.Workload, batches: Any, ctx: WorkerContext,

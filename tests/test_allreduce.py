@@ -90,6 +90,7 @@ def _rank(rank: int, port: int, out: str) -> None:
             Path(out).write_text(json.dumps({
                 "ops": ops.names, "ours": statistics.median(ours[3:]),
                 "alone": statistics.median(alone[3:])}))
+        dist.barrier()  # neither rank tears the group down while the other still uses it
     finally:
         dist.destroy_process_group()
 

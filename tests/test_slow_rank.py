@@ -46,6 +46,7 @@ def _rank(rank: int, port: int, sweep: str, slow_s: float, out: str) -> None:
         if rank == 0:
             m = summarize(records)
             Path(out).write_text(json.dumps({k: m[k] for k in m if k.startswith("train/")}))
+        dist.barrier()  # neither rank tears the group down while the other still uses it
     finally:
         dist.destroy_process_group()
 

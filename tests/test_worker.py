@@ -209,7 +209,7 @@ class _Sleeper:
 
 
 def test_window_sync_agrees_with_step_sync_on_cpu(write_sweep):
-    from raybench.worker import _timed_step, _unsynced_steps
+    from raybench.worker import _run_windows, _timed_step
 
     ctx = cpu_ctx(one_trial(write_sweep))
     w = _Sleeper(ctx)
@@ -217,8 +217,10 @@ def test_window_sync_agrees_with_step_sync_on_cpu(write_sweep):
     step = [_timed_step(w, batches, ctx) for _ in range(20)]
     ctx.phase_s.clear()
     ctx.sync = "window"
-    waits, compute, _ = _unsynced_steps(w, batches, ctx, 20)
+    run = _run_windows(w, batches, ctx, 20, 1)
+    waits, compute = run["wait_s"], run["compute_s"]
     assert len(waits) == len(compute) == len(ctx.phase_s["forward"]) == 20 and not ctx._pending
+    assert sum(waits) + sum(compute) == pytest.approx(run["windows_s"][0], rel=0.03)
     med = statistics.median
     assert med(waits) == pytest.approx(med(s[0] for s in step), rel=0.3, abs=3e-4)
     assert med(compute) == pytest.approx(med(s[1] for s in step), rel=0.1)
