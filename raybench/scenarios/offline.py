@@ -24,6 +24,7 @@ import numpy as np
 from raybench import workloads
 from raybench.flops import mfu
 from raybench.grid import TrialSpec
+from raybench.metrics import device_column
 from raybench.scenarios.replica import Replica
 
 
@@ -75,8 +76,7 @@ def summarize(records: list[dict[str, Any]], stats: list[dict[str, Any]], trial:
         out["infer/decode_tokens_per_s"] = len(by_replica) * sum(
             r["n"] * (r["tokens"] - 1) for r in gen) / decode if decode > 0 else None
     out.update(accuracy(records, stats, trial))
-    out.update(replica_memory(stats))
-    out.update(replica_perf(stats, rate, trial.hardware.precision))
+    out.update(replica_facts(stats, rate, trial.hardware.precision))
     return out
 
 
@@ -108,21 +108,21 @@ def accuracy(records: list[dict[str, Any]], stats: list[dict[str, Any]], trial: 
             "infer/accuracy_ok": value is not None and value >= inf.accuracy_target, **extra}
 
 
-def replica_memory(stats: list[dict[str, Any]]) -> dict[str, Any]:
+def replica_facts(stats: list[dict[str, Any]], samples_per_s: float | None,
+                  precision: str) -> dict[str, Any]:
+    """What the replicas ran on and used, for Offline and Server rows alike: the device names,
+    peak memory, forward FLOPs per sample (counted on a replica's real call), the TFLOP/s each
+    replica achieved at `samples_per_s` over all of them, and MFU where the GPU's peak is
+    known."""
     gpu = [s["peak_allocated_mb"] for s in stats if s.get("peak_allocated_mb") is not None]
-    return {"mem/peak_allocated_mb": max(gpu) if gpu else None,
-            "host/rss_peak_mb": max((s["rss_peak_mb"] for s in stats), default=None)}
-
-
-def replica_perf(stats: list[dict[str, Any]], samples_per_s: float | None,
-                 precision: str) -> dict[str, Any]:
-    """Forward FLOPs per sample (counted on a replica's real call), the TFLOP/s each replica
-    achieved at `samples_per_s` over all of them, and MFU where the GPU's peak is known."""
     fps = next((s["flops_per_sample"] for s in stats if s.get("flops_per_sample")), None)
     per_replica = samples_per_s / len(stats) if samples_per_s and stats else None
     device = stats[0].get("device_name") if stats else None
     achieved, util = mfu(fps, per_replica, device, precision)
-    return {"perf/gflops_per_sample": fps / 1e9 if fps else None,
+    return {"device": device_column(s["device_name"] for s in stats),
+            "mem/peak_allocated_mb": max(gpu) if gpu else None,
+            "host/rss_peak_mb": max((s["rss_peak_mb"] for s in stats), default=None),
+            "perf/gflops_per_sample": fps / 1e9 if fps else None,
             "perf/achieved_tflops_per_gpu": achieved,
             "perf/mfu_pct": 100.0 * util if util is not None else None}
 

@@ -18,7 +18,6 @@ import torch
 from raybench import workloads
 from raybench.failures import failure
 from raybench.grid import TrialSpec
-from raybench.metrics import device_column
 from raybench.scenarios import offline, server
 from raybench.scenarios.replica import Replica
 
@@ -34,8 +33,7 @@ def run_trial(trial: TrialSpec, runner: str, start_timeout_s: float = 30.0,
                 records, stats = offline.run_ray(trial, start_timeout_s, logical_gpus)
             else:
                 records, stats = offline.run_local(trial, _local_devices(trial))
-            metrics = {"device": device_column(s["device_name"] for s in stats),
-                       **offline.summarize(records, stats, trial)}
+            metrics = offline.summarize(records, stats, trial)
             return {"status": "ok", "metrics": metrics, "records": records, "ranks": stats}
         if runner == "ray":
             return _server_ray(trial, start_timeout_s, logical_gpus)
@@ -67,7 +65,6 @@ def server_outcome(trial: TrialSpec, best: dict[str, Any] | None, probes: list[d
     inf = trial.inference
     shown = best or probes[-1]
     metrics: dict[str, Any] = {
-        "device": device_column(s["device_name"] for s in stats),
         "server/rate_qps": best["rate_qps"] if best else None,
         "server/met_bound": best is not None,
         "server/latency_bound_ms": inf.latency_bound_ms,
@@ -90,9 +87,8 @@ def server_outcome(trial: TrialSpec, best: dict[str, Any] | None, probes: list[d
          "queries": p["queries"]} for p in probes])
     every = server.distinct_calls([r for p in probes for r in p["_run"]["records"]])
     metrics.update(offline.accuracy(every, stats, trial))
-    metrics.update(offline.replica_memory(stats))
-    metrics.update(offline.replica_perf(stats, metrics["server/samples_per_s"],
-                                        trial.hardware.precision))
+    metrics.update(offline.replica_facts(stats, metrics["server/samples_per_s"],
+                                         trial.hardware.precision))
     lat = shown["_run"]["latency_s"]
     records = [{"probe": [_plain(p) for p in probes],
                 "latency_ms": [None if not np.isfinite(x) else round(float(x) * 1e3, 4)

@@ -177,16 +177,11 @@ class DecoderLm(Workload):
 
     def flops_per_sample(self) -> float | None:
         """Prefill and every decode step of one prompt, counted on a real generation (the
-        cache grows token by token, which the meta-device count cannot follow). Phase times of
-        this call are not measurements: they are put back as they were."""
+        cache grows token by token, which the meta-device count cannot follow). The worker
+        has taken the measured phase times before it counts."""
         from raybench import flops
 
-        kept = {k: list(v) for k, v in self.ctx.phase_s.items()}
-        try:
-            return flops.counted(lambda: self.generate(self._prompts[:1]), 1)
-        finally:
-            self.ctx.phase_s.clear()
-            self.ctx.phase_s.update(kept)
+        return flops.counted(lambda: self.generate(self._prompts[:1]), 1)
 
     def describe(self) -> dict[str, Any]:
         p = self.params

@@ -116,7 +116,7 @@ def test_the_pass_is_timed_on_one_clock_across_nodes():
     for r in recs:
         r["arrived_s"] = 50.0 + (r["t_end"] - 1000.0 * r["replica"] - 1000.0) + 0.002
     assert offline.pass_seconds(recs) == pytest.approx(0.6)  # 4 x 0.125 + 0.1, driver's clock
-    m = offline.summarize(recs, [{"setup_s": 1.0, "rss_peak_mb": 1.0}] * 2,
+    m = offline.summarize(recs, [{"setup_s": 1.0, "rss_peak_mb": 1.0, "device_name": "cpu"}] * 2,
                           trial(scenario="offline", replicas=2, samples=40))
     assert m["infer/samples_per_s"] == pytest.approx(40 / 0.6)
 
@@ -124,7 +124,8 @@ def test_the_pass_is_timed_on_one_clock_across_nodes():
 def test_offline_figures_from_records():
     t = trial(scenario="offline", replicas=2, samples=40, project_samples=13368,
               accuracy_target=0.9)
-    stats = [{"setup_s": 2.0, "rss_peak_mb": 100.0}, {"setup_s": 3.0, "rss_peak_mb": 120.0}]
+    stats = [{"setup_s": 2.0, "rss_peak_mb": 100.0, "device_name": "cpu"},
+             {"setup_s": 3.0, "rss_peak_mb": 120.0, "device_name": "cpu"}]
     m = offline.summarize(records(), stats, t)
     wall = 4 * 0.125 + 0.1
     assert m["infer/samples"] == 40 and m["infer/wall_s"] == pytest.approx(wall)
