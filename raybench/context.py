@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
-from raybench.spec import HardwareSpec
+from raybench.sections import HardwareSpec
 
 _AUTOCAST_DTYPES = {"amp_fp16": torch.float16, "bf16": torch.bfloat16}
 

@@ -65,7 +65,7 @@ def bare_loop(trial: TrialSpec) -> float:
 
 def overhead(spec: SweepSpec, trial: TrialSpec, rounds: int) -> dict[str, Any]:
     """Bare loop without Ray, then bare and raybench alternately with Ray up; medians of each."""
-    from raybench import cluster
+    from raybench import cluster, runners
     from raybench.sweep import run_sweep
 
     # Ray's daemons take CPU even when idle, which matters on small machines: measure the bare
@@ -78,7 +78,7 @@ def overhead(spec: SweepSpec, trial: TrialSpec, rounds: int) -> dict[str, Any]:
             bare.append(bare_loop(trial))
             with tempfile.TemporaryDirectory() as tmp:
                 t0 = time.monotonic()
-                run_sweep(spec, [trial], Path(tmp))
+                run_sweep(spec, [trial], Path(tmp), runners.make("ray", spec, Path(tmp)))
                 sweep_s = time.monotonic() - t0
                 row = _only_row(Path(tmp))
             ray_thr.append(row["train/samples_per_s"])
@@ -126,8 +126,8 @@ def forward_check(trial: TrialSpec) -> dict[str, Any]:
     `torch.utils.benchmark.Timer` on the same model, input, precision and device."""
     import torch.utils.benchmark as benchmark
 
-    from raybench.bench import run_local
     from raybench.context import WorkerContext
+    from raybench.runners.local import run_local
     from raybench.workloads.vit_tiles import VitTiles
 
     if trial.workload_name != "vit_tiles" or trial.workload.mode != "inference":

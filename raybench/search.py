@@ -1,8 +1,8 @@
 """Largest batch that fits: for each grid point (tile, precision, mode, ...) a search over fresh
 trials, doubling the batch until a trial fails or breaks the memory budget, then bisecting.
 
-Owns the `search:` section of a sweep and the search itself, written against a `run(trial) ->
-outcome` callable so the Ray path (sweep.py) and the in-process runner (bench.py) share it.
+Owns the search itself (its `search:` section's model is in sections.py), written against a
+`run(trial) -> outcome` callable so every runner shares it.
 Every probe is an ordinary trial row; the answer is one more row with `stage=search`.
 """
 
@@ -10,23 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
-if TYPE_CHECKING:  # grid imports spec, which imports this module's models
-    from raybench.grid import TrialSpec
-
-
-class LargestBatchSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    max_batch: int = Field(256, ge=1, description="largest batch size ever tried")
-
-
-class SearchSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    largest_batch: LargestBatchSpec | None = None
-
+from raybench.grid import TrialSpec, trial_key
+from raybench.results import now
+from raybench.sections import LargestBatchSpec
 
 Outcome = dict[str, Any]
 
@@ -43,8 +31,6 @@ def fits(outcome: Outcome, budget_mb: float | None) -> bool:
 
 
 def with_batch(trial: TrialSpec, batch: int, index: int) -> TrialSpec:
-    from raybench.grid import trial_key
-
     workload = trial.workload.model_copy(update={"batch_size": batch})
     sections = {"workload": workload, "hardware": trial.hardware, "measure": trial.measure}
     return dataclasses.replace(
@@ -89,13 +75,8 @@ def search_all(spec: LargestBatchSpec, groups: list[TrialSpec],
     """Search every grid point in turn; `run` executes a probe and records its row."""
     index = max((g.index for g in groups), default=-1) + 1
     for group in groups:
-        start = _now()
+        start = now()
         result = largest_batch(group, spec, run, index)
         index += len(result["probes"])
         writer.write_search(group, result, start)
 
-
-def _now() -> str:
-    from raybench.results import now
-
-    return now()

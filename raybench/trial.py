@@ -24,12 +24,12 @@ import ray.train.torch
 import torch
 from ray.train.torch import TorchConfig, TorchTrainer
 
-from raybench import metrics
+from raybench import metrics, workloads
 from raybench.context import WorkerContext
 from raybench.failures import failure
 from raybench.grid import TrialSpec, artifact_dir, trace_path
 from raybench.plan import NODE_TOKEN
-from raybench.spec import ExecutionSpec
+from raybench.sections import ExecutionSpec
 from raybench.worker import run_worker
 
 # Read by the Train controller, which inherits them from this process (ENV_VARS_TO_PROPAGATE).
@@ -70,7 +70,7 @@ def train_loop(config: dict[str, Any]) -> list[dict[str, Any]] | None:
     finally:
         if watchdog:
             watchdog.cancel()
-    if getattr(trial.workload, "save_checkpoints", False):
+    if workloads.get(trial.workload_name).saves_checkpoint(trial.workload):
         # Every rank reports exactly once (a rank that skipped it would hang the group), after
         # the timed run; rank 0 hands over the best epoch's weights as a Ray Train checkpoint.
         folder = Path(ctx.artifact_dir or "") / "checkpoint"

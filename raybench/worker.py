@@ -96,6 +96,7 @@ def measure_rank(trial: TrialSpec, ctx: WorkerContext) -> dict[str, Any]:
     size_b = sum(p.numel() * p.element_size() for p in model.parameters())
     size_b += sum(b.numel() * b.element_size() for b in model.buffers())
     return {
+        "workload": trial.workload_name,
         "rank": ctx.rank,
         "local_rank": ctx.local_rank,
         "node_rank": ctx.node_rank,

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from raybench.bench import run_local
 from raybench.grid import expand
-from raybench.metrics import bandwidth
+from raybench.metrics import summarize
+from raybench.runners.local import run_local
 from raybench.spec import load_sweep
 from tests.test_metrics import record
 
@@ -23,11 +23,13 @@ measure: {warmup_steps: 2, measure_steps: 5}
 
 def test_bus_bandwidth_definition():
     recs = [record(r, 0.01, n=5, bs=2) for r in range(4)]  # 2 ops per 10 ms step
-    bw = bandwidth(8 * 10**6, recs)
+    assert "comm/busbw_gb_s" not in summarize(recs)  # another workload's row has no bandwidth
+    recs = [{**r, "workload": "allreduce", "describe": {"message_bytes": 8 * 10**6}}
+            for r in recs]
+    bw = summarize(recs)
     assert bw["comm/time_per_op_us"] == pytest.approx(5000.0)
     assert bw["comm/algbw_gb_s"] == pytest.approx(1.6)  # 8 MB / 5 ms
     assert bw["comm/busbw_gb_s"] == pytest.approx(1.6 * 2 * 3 / 4)
-    assert bandwidth(None, recs) == {}
 
 
 def test_allreduce_on_gloo_with_two_ranks(write_sweep):

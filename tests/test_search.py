@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 
 from raybench.bench import main as bench_main
-from raybench.bench import run_local
 from raybench.grid import expand
+from raybench.runners.local import run_local
 from raybench.search import LargestBatchSpec, largest_batch
 from raybench.spec import SpecError, load_sweep
 

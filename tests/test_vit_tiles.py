@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from raybench.bench import main as bench_main
-from raybench.bench import run_local
 from raybench.grid import expand
+from raybench.runners.local import run_local
 from raybench.spec import load_sweep
 from raybench.workloads.vit_tiles import SIZES, TileViT, VitTilesParams
 

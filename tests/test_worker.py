@@ -9,10 +9,10 @@ import time
 import pytest
 import torch
 
-from raybench.bench import run_local
 from raybench.context import WorkerContext
 from raybench.grid import expand
 from raybench.report.assess import validity
+from raybench.runners.local import run_local
 from raybench.spec import SpecError, load_sweep
 from raybench.worker import measure_rank
 

@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from raybench import workloads
-from raybench.bench import run_local
 from raybench.context import WorkerContext
 from raybench.data.chip import chip_scenes
 from raybench.data.chipread import ChipParams
 from raybench.data.chipset import MIN_BOX_PX, ChipSet
 from raybench.data.synth_xview3 import generate
 from raybench.grid import expand
+from raybench.runners.local import run_local
 from raybench.spec import HardwareSpec, SpecError, load_sweep
 from raybench.worker import _run_epochs
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from raybench import workloads
 from raybench.flops import mfu
 
 PERCENTILES = (50, 90, 95, 99)
@@ -94,13 +95,10 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     out.update(gpu_telemetry(records))
     out.update(own_compute(records))
     out.update(epoch_metrics(first.get("epochs")))
-    out.update(bandwidth(first.get("describe", {}).get("message_bytes"), records))
-    pixels = first.get("describe", {}).get("pixels_per_sample")
-    if pixels:
-        out["train/pixels_per_s"] = out["train/samples_per_s"] * pixels
-        # per MB of the memory that limits the tile: device peak on GPU, process peak on CPU
-        peak = out["mem/peak_allocated_mb"] or out["host/rss_peak_mb"]
-        out["train/pixels_per_s_per_mb"] = out["train/pixels_per_s"] / peak if peak else None
+    if first.get("workload"):  # the workload's own figures (records of older runs lack it)
+        cls = workloads.get(first["workload"])
+        out["eval/accuracy_metric"] = cls.accuracy_metric
+        out.update(cls.row_metrics(records, out))
     return out
 
 
@@ -137,9 +135,9 @@ def loss_finite(records: list[dict[str, Any]]) -> bool | None:
 
 
 def epoch_metrics(epochs: list[dict[str, Any]] | None) -> dict[str, Any]:
-    """An epoch-based run: training time, epoch times, and the LAST epoch's accuracy (the
-    honest figure: picking the best epoch on validation data flatters it), with the best
-    aggregate and its epoch beside it."""
+    """An epoch-based run: training time, epoch times, and the LAST epoch's accuracy figures
+    (the honest ones: picking the best epoch on validation data flatters them; a workload may
+    add its best epoch beside them through `row_metrics`)."""
     if not epochs:
         return {}
     last = epochs[-1]
@@ -150,27 +148,7 @@ def epoch_metrics(epochs: list[dict[str, Any]] | None) -> dict[str, Any]:
         "eval/time_s": float(sum(e["eval_s"] for e in epochs)),
     }
     out.update({k: v for k, v in last.items() if "/" in k and k != "eval/seconds"})
-    scored = [e for e in epochs if e.get("xview3/aggregate") is not None]
-    if scored:
-        best = max(scored, key=lambda e: e["xview3/aggregate"])
-        out["xview3/best_aggregate"] = best["xview3/aggregate"]
-        out["xview3/best_epoch"] = best["epoch"]
-        out["xview3/epoch_aggregates"] = json.dumps([round(e["xview3/aggregate"], 4)
-                                                     for e in scored])
     return out
-
-
-def bandwidth(message_bytes: int | None, records: list[dict[str, Any]]) -> dict[str, Any]:
-    """nccl-tests' definitions for an all-reduce: algbw = bytes / time per operation, busbw =
-    algbw x 2(n-1)/n. Time is the median compute time of a step over its operations."""
-    if not message_bytes:
-        return {}
-    n = len(records)
-    ops = records[0]["samples_per_step"]
-    step_s = float(np.median(np.concatenate([np.asarray(r["compute_s"]) for r in records])))
-    algbw = message_bytes / (step_s / ops) / 1e9
-    return {"comm/message_mb": message_bytes / 2**20, "comm/time_per_op_us": step_s / ops * 1e6,
-            "comm/algbw_gb_s": algbw, "comm/busbw_gb_s": algbw * 2 * (n - 1) / n}
 
 
 def gpu_telemetry(records: list[dict[str, Any]]) -> dict[str, Any]:

@@ -17,8 +17,9 @@ import plotly.graph_objects as go
 
 from raybench.report import inference
 from raybench.report.assess import (
-    ACCURACY_KEYS,
+    ACCURACY_METRIC,
     THROUGHPUT,
+    accuracy_key,
     config_label,
     peak_memory_mb,
     varied_columns,
@@ -173,7 +174,7 @@ def rank_skew(details: dict[str, dict[str, Any]]) -> go.Figure | None:
 def accuracy_vs_throughput(df: pd.DataFrame) -> go.Figure | None:
     """Where the workload reports accuracy: what each configuration buys and costs."""
     ok = _ok(df)
-    key = next((k for k in ACCURACY_KEYS if k in ok and ok[k].notna().any()), None)
+    key = accuracy_key(ok.to_dict("records"))
     if key is None:
         return None
     part = ok[ok[key].notna()]
@@ -194,7 +195,8 @@ def epoch_curves(details: dict[str, dict[str, Any]]) -> go.Figure | None:
     for key, d in details.items():
         rank0 = next((r for r in d.get("records", []) if r.get("rank") == 0), None)
         epochs = (rank0 or {}).get("epochs") or []
-        acc = next((k for k in ACCURACY_KEYS if any(e.get(k) is not None for e in epochs)), None)
+        acc = (d.get("row") or {}).get(ACCURACY_METRIC)
+        acc = acc if any(e.get(acc) is not None for e in epochs) else None
         if epochs:
             runs.append((key, epochs, acc))
     if not runs:

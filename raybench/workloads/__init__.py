@@ -1,8 +1,13 @@
-"""Workload registry and interface: a workload is one file in this package that registers itself.
+"""Workload registry and contracts: a workload is one file in this package that registers itself.
 
-Owns the `Workload` contract the timed loop drives and the name -> class registry (sibling modules
-are imported on first lookup, so adding a workload touches no other file). Does not own timing,
-DDP set-up or Ray: a workload sees only a `WorkerContext` and imports torch, never ray.
+Owns the contracts and the name -> class registry (sibling modules are imported on first
+lookup, so adding a workload touches no other file). Three contracts: `Workload` (timed steps,
+what every workload is), `EpochWorkload` (whole epochs with an evaluation after each) and
+`Servable` (can be served in an inference scenario); a workload subclasses the ones it meets.
+Whatever a workload knows beyond its steps it declares here through hooks on its own class
+(its extra row metrics, accuracy metric, the preprocess output it reads, its checkpoints), so
+no core module names a workload or one of its fields. Does not own timing, DDP set-up or Ray: a
+workload sees only a `WorkerContext` and imports torch, never ray.
 """
 
 from __future__ import annotations
@@ -39,17 +44,14 @@ class Workload(ABC):
 
     name: ClassVar[str]
     Params: ClassVar[type[WorkloadParams]] = WorkloadParams
-    # True: the run is `params.epochs` passes over a dataset with `end_epoch` after each
-    # (evaluation); the timed loop then measures every step but the first `warmup_steps`,
-    # and measure_steps / measure_seconds / repeats do not apply.
+    # Set by the contracts below, never by a workload: EpochWorkload, Servable.
     epoch_based: ClassVar[bool] = False
-    # True: the workload can be served in an inference scenario (scenarios/): it implements
-    # `serving_inputs`, `setup_serving` and `serve`.
     serves: ClassVar[bool] = False
-    # The accuracy gate of a served workload. None: agreement of its predictions with an fp32
-    # reference pass of the same weights. A name (e.g. "xview3/aggregate"): the task's own
-    # score of an untimed pass over its validation set (MLPerf's accuracy mode), which the
-    # workload implements in `serving_validation_ids` and `serving_score`.
+    # The task's own accuracy figure, a row metric key (e.g. "xview3/aggregate"): the report
+    # ranks accuracy per second by it. Where it is served, the accuracy gate uses it too (the
+    # task's score of an untimed pass over its validation set, MLPerf's accuracy mode, through
+    # `serving_validation_ids` and `serving_score`); None there: agreement of predictions with
+    # an fp32 reference pass of the same weights.
     accuracy_metric: ClassVar[str | None] = None
 
     def __init__(self, params: WorkloadParams, ctx: WorkerContext):
@@ -76,15 +78,6 @@ class Workload(ABC):
     @abstractmethod
     def model(self) -> torch.nn.Module:
         """The unwrapped model, for parameter counts."""
-
-    def epoch_steps(self) -> int:
-        """Steps in one epoch on this rank, the same on every rank (epoch-based workloads)."""
-        raise TypeError(f"workload {self.name} is not epoch-based: it has no epochs to count")
-
-    def end_epoch(self, epoch: int) -> dict[str, Any]:
-        """Called on every rank after each epoch, outside the timing; returns that epoch's
-        accuracy figures (rank 0) or {} (other ranks)."""
-        return {}
 
     @classmethod
     def measure_defaults(cls, params: WorkloadParams) -> dict[str, Any]:
@@ -119,22 +112,64 @@ class Workload(ABC):
         """Extra per-trial facts for the results (e.g. input shape); override to add some."""
         return {}
 
-    # Serving (inference scenarios). Inputs are numpy so they travel through Ray Data, and
-    # depend on the sample ids alone, so a reference pass in another precision sees the same.
+    # Hooks: what the core asks a workload instead of naming it.
     @classmethod
+    def row_metrics(cls, records: list[dict[str, Any]], row: dict[str, Any]) -> dict[str, Any]:
+        """This workload's own row metrics from every rank's record (its `describe()` facts are
+        in each) and the core metrics already computed; keys `namespace/quantity_unit`."""
+        return {}
+
+    @classmethod
+    def stage_input(cls, params: WorkloadParams, output: str) -> WorkloadParams:
+        """The params with the preprocess stage's output (a directory) filled in where this
+        workload reads it and the sweep left it unset; unchanged by default."""
+        return params
+
+    @classmethod
+    def saves_checkpoint(cls, params: WorkloadParams) -> bool:
+        """Whether rank 0 leaves weights in `<artifact dir>/checkpoint` for the runner to keep
+        (Ray Train's checkpoint on the Ray runner); every rank must give the same answer."""
+        return False
+
+
+class EpochWorkload(Workload):
+    """A run of `params.epochs` passes over a dataset with `end_epoch` after each (evaluation).
+    The timed loop measures every step but the first `warmup_steps`; measure_steps,
+    measure_seconds and repeats do not apply."""
+
+    epoch_based = True
+
+    @abstractmethod
+    def epoch_steps(self) -> int:
+        """Steps in one epoch on this rank, the same on every rank."""
+
+    @abstractmethod
+    def end_epoch(self, epoch: int) -> dict[str, Any]:
+        """Called on every rank after each epoch, outside the timing; returns that epoch's
+        accuracy figures (rank 0) or {} (other ranks)."""
+
+
+class Servable(Workload):
+    """A workload that can be served in an inference scenario (scenarios/)."""
+
+    serves = True
+
+    # Inputs are numpy so they travel through Ray Data, and depend on the sample ids alone, so
+    # a reference pass in another precision sees the same.
+    @classmethod
+    @abstractmethod
     def serving_inputs(cls, params: WorkloadParams, ids: np.ndarray) -> dict[str, np.ndarray]:
         """Host-side inputs of these samples, deterministic per id."""
-        raise TypeError(f"workload {cls.name} has no inference scenario")
 
+    @abstractmethod
     def setup_serving(self) -> None:
         """Build the model for forward-only use on ctx.device in the trial's precision."""
-        raise TypeError(f"workload {self.name} has no inference scenario")
 
+    @abstractmethod
     def serve(self, inputs: dict[str, np.ndarray]) -> dict[str, Any]:
         """One forward on the device, finished when it returns: {"pred": per-sample integer
         predictions (classes, pixel classes, tokens)}, plus for generative models
         "first_token_s" (from the call's start) and "tokens" (generated per sample)."""
-        raise TypeError(f"workload {self.name} has no inference scenario")
 
     @classmethod
     def serving_validation_ids(cls, params: WorkloadParams) -> np.ndarray:

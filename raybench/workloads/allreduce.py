@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from pydantic import Field
@@ -62,3 +63,16 @@ class Allreduce(Workload):
 
     def describe(self) -> dict[str, Any]:
         return {"message_bytes": self.buffer.numel() * 4}
+
+    @classmethod
+    def row_metrics(cls, records: list[dict[str, Any]], row: dict[str, Any]) -> dict[str, Any]:
+        """nccl-tests' definitions: algbw = bytes / time per operation, busbw = algbw x
+        2(n-1)/n. Time is the median compute time of a step over its operations."""
+        message_bytes = records[0]["describe"]["message_bytes"]
+        n = len(records)
+        ops = records[0]["samples_per_step"]
+        step_s = float(np.median(np.concatenate([np.asarray(r["compute_s"]) for r in records])))
+        algbw = message_bytes / (step_s / ops) / 1e9
+        return {"comm/message_mb": message_bytes / 2**20,
+                "comm/time_per_op_us": step_s / ops * 1e6,
+                "comm/algbw_gb_s": algbw, "comm/busbw_gb_s": algbw * 2 * (n - 1) / n}

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from pydantic import Field, model_validator
 from torch import nn
 
-from raybench.workloads import Workload, WorkloadParams, register
+from raybench.workloads import Servable, WorkloadParams, register
 
 
 class DecoderLmParams(WorkloadParams):
@@ -108,11 +108,10 @@ class DecoderLM(nn.Module):
 
 
 @register
-class DecoderLm(Workload):
+class DecoderLm(Servable):
     name = "decoder_lm"
     Params = DecoderLmParams
     params: DecoderLmParams
-    serves = True
 
     def _build(self) -> None:
         p, ctx = self.params, self.ctx

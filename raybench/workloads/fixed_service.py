@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from raybench.workloads import Workload, WorkloadParams, register
+from raybench.workloads import Servable, WorkloadParams, register
 
 
 class FixedServiceParams(WorkloadParams):
@@ -26,11 +26,10 @@ class FixedServiceParams(WorkloadParams):
 
 
 @register
-class FixedService(Workload):
+class FixedService(Servable):
     name = "fixed_service"
     Params = FixedServiceParams
     params: FixedServiceParams
-    serves = True
 
     def setup(self) -> None:
         self._model = torch.nn.Identity()

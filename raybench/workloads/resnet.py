@@ -18,7 +18,7 @@ import torchvision
 from pydantic import Field, model_validator
 from torch.utils.data import Dataset
 
-from raybench.workloads import Workload, WorkloadParams, register
+from raybench.workloads import Servable, WorkloadParams, register
 
 # ImageNet channel statistics, as torchvision's reference training script uses.
 _MEAN = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
@@ -69,11 +69,10 @@ class SyntheticImages(Dataset):
 
 
 @register
-class Resnet(Workload):
+class Resnet(Servable):
     name = "resnet"
     Params = ResnetParams
     params: ResnetParams
-    serves = True
 
     def setup(self) -> None:
         p, ctx = self.params, self.ctx

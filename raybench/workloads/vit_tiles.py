@@ -19,7 +19,7 @@ import torch
 from pydantic import Field, model_validator
 from torch import nn
 
-from raybench.workloads import Workload, WorkloadParams, register
+from raybench.workloads import Servable, WorkloadParams, register
 
 # (embed dim, depth, heads): ViT-Ti/B/L/H. Prithvi-EO 1.0 is a ViT-B (~100M), Prithvi-EO 2.0
 # comes as ViT-L (~300M) and ViT-H (~600M).
@@ -90,11 +90,10 @@ def build_decoder(dim: int, channels: int, classes: int, patch: int) -> nn.Seque
 
 
 @register
-class VitTiles(Workload):
+class VitTiles(Servable):
     name = "vit_tiles"
     Params = VitTilesParams
     params: VitTilesParams
-    serves = True
 
     def setup(self) -> None:
         p, ctx = self.params, self.ctx
@@ -213,3 +212,13 @@ class VitTiles(Workload):
     def describe(self) -> dict[str, Any]:
         p = self.params
         return {"input_shape": [p.bands, p.tile, p.tile], "pixels_per_sample": p.tile * p.tile}
+
+    @classmethod
+    def row_metrics(cls, records: list[dict[str, Any]], row: dict[str, Any]) -> dict[str, Any]:
+        """Tiles of different sizes are not the same sample: pixels/s compares them, and per MB
+        of the memory that limits the tile (device peak on GPU, process peak on CPU)."""
+        pixels = records[0]["describe"]["pixels_per_sample"]
+        px_s = row["train/samples_per_s"] * pixels
+        peak = row["mem/peak_allocated_mb"] or row["host/rss_peak_mb"]
+        return {"train/pixels_per_s": px_s,
+                "train/pixels_per_s_per_mb": px_s / peak if peak else None}

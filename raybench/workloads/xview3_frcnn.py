@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import fcntl
 import functools
+import json
 import logging
 import threading
 import time
@@ -32,7 +33,7 @@ from torch import nn
 from raybench.data import xview3 as x3
 from raybench.data.chipset import ChipSet, chip_params_of, collate
 from raybench.data.stage import GenerateSpec
-from raybench.workloads import Workload, WorkloadParams, register
+from raybench.workloads import EpochWorkload, Servable, WorkloadParams, register
 
 log = logging.getLogger(__name__)
 NUM_CLASSES = 4  # background, fishing, non-fishing, non-vessel
@@ -222,13 +223,33 @@ def _numpy(out: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
 
 
 @register
-class Xview3Frcnn(Workload):
+class Xview3Frcnn(EpochWorkload, Servable):
     name = "xview3_frcnn"
     Params = FrcnnParams
     params: FrcnnParams
-    epoch_based = True
-    serves = True
     accuracy_metric = "xview3/aggregate"
+
+    @classmethod
+    def row_metrics(cls, records: list[dict[str, Any]], row: dict[str, Any]) -> dict[str, Any]:
+        """The best epoch's aggregate beside the last one's (the row's own figure)."""
+        scored = [e for e in records[0].get("epochs") or []
+                  if e.get("xview3/aggregate") is not None]
+        if not scored:
+            return {}
+        best = max(scored, key=lambda e: e["xview3/aggregate"])
+        return {"xview3/best_aggregate": best["xview3/aggregate"],
+                "xview3/best_epoch": best["epoch"],
+                "xview3/epoch_aggregates": json.dumps([round(e["xview3/aggregate"], 4)
+                                                       for e in scored])}
+
+    @classmethod
+    def stage_input(cls, params: WorkloadParams, output: str) -> WorkloadParams:
+        """The preprocess stage's chips, where the sweep names no `chips` directory."""
+        return params if params.chips else params.model_copy(update={"chips": output})
+
+    @classmethod
+    def saves_checkpoint(cls, params: WorkloadParams) -> bool:
+        return params.save_checkpoints
 
     @classmethod
     def measure_defaults(cls, params: WorkloadParams) -> dict[str, Any]:

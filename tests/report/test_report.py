@@ -81,7 +81,10 @@ def test_recommendations_skip_invalid_and_respect_budget():
     assert rec["fastest_within_budget"]["trial_key"] == "c"
     assert rec["best_accuracy_per_s"] is None
     scored = FRAME.assign(**{"det/map50": [0.5, 0.4, 0.5, 0.2, None, 0.9]})
-    assert recommend(scored)["best_accuracy_per_s"]["trial_key"] == "c"  # 0.5 x 190
+    assert recommend(scored)["best_accuracy_per_s"] is None  # no row names it its accuracy
+    scored = scored.assign(**{"eval/accuracy_metric": "det/map50"})
+    best = recommend(scored)["best_accuracy_per_s"]
+    assert best["trial_key"] == "c" and best["accuracy_metric"] == "det/map50"  # 0.5 x 190
 
 
 def test_measure_columns_that_follow_an_axis_are_not_axes():
@@ -207,7 +210,8 @@ def test_index_and_history_pages(tmp_path):
 def test_accuracy_chart_only_with_accuracy():
     assert figures.accuracy_vs_throughput(FRAME) is None
     scored = FRAME.assign(**{"det/map50": [0.5, 0.4, 0.5, 0.2, None, 0.9]})
-    fig = figures.accuracy_vs_throughput(scored)
+    assert figures.accuracy_vs_throughput(scored) is None  # no row names it its accuracy
+    fig = figures.accuracy_vs_throughput(scored.assign(**{"eval/accuracy_metric": "det/map50"}))
     assert fig.layout.title.text == "det/map50 vs throughput"
     assert len(fig.data[0].x) == 5  # the OOM trial has no accuracy and is not drawn
 
@@ -228,7 +232,8 @@ def test_epoch_curves_from_rank0_epochs():
     assert figures.epoch_curves({"k": {"records": [{"rank": 0, "epochs": None}]}}) is None
     epochs = [{"epoch": 1, "train_s": 30.0, "xview3/aggregate": 0.1},
               {"epoch": 2, "train_s": 28.0, "xview3/aggregate": 0.4}]
-    details = {"k": {"records": [{"rank": 1, "epochs": []}, {"rank": 0, "epochs": epochs}]}}
+    details = {"k": {"records": [{"rank": 1, "epochs": []}, {"rank": 0, "epochs": epochs}],
+                     "row": {"eval/accuracy_metric": "xview3/aggregate"}}}
     fig = figures.epoch_curves(details)
     assert len(fig.data) == 2
     assert list(fig.data[0].y) == [0.1, 0.4] and list(fig.data[1].y) == [30.0, 28.0]

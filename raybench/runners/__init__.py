@@ -1,0 +1,74 @@
+"""Runners: what executes a sweep's trials. The sweep loop (sweep.py) is written once against
+`Runner`; a runner only starts its machinery, says which trials it can never place, and runs
+trials, handing each outcome back as it ends.
+
+Two exist: `ray` (runners/on_ray.py: a Tune grid of TorchTrainer runs on an embedded Ray or a
+cluster, inference replicas as actors) and `local` (runners/local.py: this process, ranks
+spawned over torch.distributed, no Ray needed). Implementations are imported on demand so the
+local runner works where Ray is not installed.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar
+
+from raybench.grid import TrialSpec
+from raybench.spec import SweepSpec
+
+Outcome = dict[str, Any]  # {status, error, metrics, ranks, records, start_time, end_time}
+Done = Callable[[TrialSpec, Outcome], None]
+
+RUNNERS = {"ray": "raybench.runners.on_ray:RayRunner",
+           "local": "raybench.runners.local:LocalRunner"}
+
+
+class Runner(ABC):
+    """Executes trials for one sweep run; a context manager around its start and stop."""
+
+    name: ClassVar[str]
+
+    def __init__(self, spec: SweepSpec, out: Path, address: str | None = None):
+        self.spec, self.out, self.address = spec, out, address
+
+    def __enter__(self) -> Runner:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        """Bring the machinery up (connect to Ray, ...)."""
+        return None
+
+    def check(self, trials: list[TrialSpec]) -> None:
+        """Raise SpecError if this runner can never serve these trials at all (exit 2,
+        nothing run), e.g. GPU trials on a cluster without GPUs."""
+        return None
+
+    def stop(self) -> None:
+        """Release what start() took; only what this runner started itself."""
+        return None
+
+    @abstractmethod
+    def system(self) -> tuple[dict[str, Any], dict[str, dict[str, Any]] | None]:
+        """Facts for system_info.json: the runner's description and per-node facts (or None)."""
+
+    def unplaceable(self, trials: list[TrialSpec]) -> dict[str, str]:
+        """Trial key -> why it can never run here; such trials become `infeasible` rows."""
+        return {}
+
+    @abstractmethod
+    def run(self, trials: list[TrialSpec], done: Done, name: str = "trials") -> None:
+        """Run every trial (side by side where the runner can) and call `done(trial, outcome)`
+        on the caller's thread as each one ends. A failed trial is an outcome, never an
+        exception; a trial the runner lost gets no call (the loop writes its row)."""
+
+
+def make(name: str, spec: SweepSpec, out: Path, address: str | None = None) -> Runner:
+    module, _, cls = RUNNERS[name].partition(":")
+    return getattr(importlib.import_module(module), cls)(spec, out, address)

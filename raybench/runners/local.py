@@ -1,0 +1,106 @@
+"""The local runner: trials in this process, without Ray (a lent GPU box, a quick check).
+
+Same workload code, timed loop, metrics and results as the Ray path; one rank runs here, more
+ranks are spawned as local processes over torch.distributed (gloo on CPU, nccl on GPU), one
+trial after another. Imports no Ray, so it works where Ray is not installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from raybench import metrics
+from raybench.context import WorkerContext
+from raybench.failures import failure
+from raybench.grid import TrialSpec, artifact_dir, trace_path
+from raybench.results import now
+from raybench.runners import Done, Runner
+from raybench.worker import run_worker
+
+
+class LocalRunner(Runner):
+    name = "local"
+
+    def system(self) -> tuple[dict[str, Any], dict[str, dict[str, Any]] | None]:
+        return {"mode": "in-process, no Ray"}, None
+
+    def unplaceable(self, trials: list[TrialSpec]) -> dict[str, str]:
+        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        out = {}
+        for t in trials:
+            need = t.resources()["total"].get("GPU", 0)
+            if need > have:
+                out[t.key] = f"needs {need:g} GPUs but this machine has {have}"
+        return out
+
+    def run(self, trials: list[TrialSpec], done: Done, name: str = "trials") -> None:
+        for trial in trials:
+            start = now()
+            outcome = run_local(trial, str(self.out / "trials"))
+            outcome.update(start_time=start, end_time=now())
+            done(trial, outcome)
+
+
+def run_local(trial: TrialSpec, trace_dir: str | None = None) -> dict[str, Any]:
+    """One trial in this process (or spawned ranks); returns the same fields as trial.run_trial."""
+    if trial.inference is not None:
+        from raybench.scenarios.run import run_trial as run_scenario
+
+        return run_scenario(trial, "local")
+    hw = trial.hardware
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if hw.num_gpus > gpus:
+        why = f"needs {hw.num_gpus} GPUs but this machine has {gpus}"
+        return {"status": "infeasible", "error": why, "metrics": {}}
+    try:
+        if hw.world_size == 1:
+            device = torch.device("cuda", 0) if hw.use_gpu else torch.device("cpu")
+            ctx = WorkerContext(0, 0, 1, 0, device, hw, trace_path=trace_path(trace_dir, trial),
+                                artifact_dir=artifact_dir(trace_dir, trial))
+            return metrics.outcome(run_worker(trial, ctx))
+        return metrics.outcome(_spawn(trial, trace_dir))
+    except Exception as e:  # a failed trial is a row here too
+        return failure(e, trial.resources())
+
+
+def _spawn(trial: TrialSpec, trace_dir: str | None) -> list[dict[str, Any]]:
+    """Ranks as local processes over torch.distributed (gloo on CPU, nccl on GPU)."""
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        result = Path(tmp) / "records.json"
+        mp.spawn(_rank_main, args=(trial.to_dict(), port, str(result), trace_dir),
+                 nprocs=trial.hardware.world_size, join=True)
+        return json.loads(result.read_text())
+
+
+def _rank_main(rank: int, trial_dict: dict[str, Any], port: int, result: str,
+               trace_dir: str | None) -> None:
+    trial = TrialSpec.from_dict(trial_dict)
+    hw = trial.hardware
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("nccl" if hw.use_gpu else "gloo", rank=rank,
+                                         world_size=hw.world_size)
+    try:
+        device = torch.device("cuda", rank) if hw.use_gpu else torch.device("cpu")
+        ctx = WorkerContext(rank, rank, hw.world_size, 0, device, hw,
+                            trace_path=trace_path(trace_dir, trial),
+                            artifact_dir=artifact_dir(trace_dir, trial))
+        records = run_worker(trial, ctx)
+        if rank == 0:
+            Path(result).write_text(json.dumps(records))
+        # Rank 0 hosts the group's store: a rank that tears its group down after rank 0 has
+        # exited aborted ("terminate called without an active exception", seen under load).
+        torch.distributed.barrier()
+    finally:
+        torch.distributed.destroy_process_group()

@@ -1,0 +1,153 @@
+"""The Ray runner: trials as a Tune grid of Ray Train runs, inference trials as replica actors.
+
+Owns connecting to (or embedding) Ray, refusing a cluster that can never serve the sweep, the
+placement check that turns impossible trials into rows before anything starts, and the Tune
+grid (the only module importing ray.tune: one function trial per TrialSpec, a driver-side
+callback handing each outcome back as soon as its trial ends). One trial's Ray Train run is
+trial.py; one inference trial is scenarios/run.py.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from raybench import cluster, plan
+from raybench.grid import TrialSpec
+from raybench.results import now, storage_uri
+from raybench.runners import Done, Runner
+from raybench.spec import SpecError
+
+log = logging.getLogger("raybench.sweep")
+
+
+class RayRunner(Runner):
+    name = "ray"
+    _started = False
+
+    def start(self) -> None:
+        self._started = cluster.connect(self.address)
+        self.nodes = cluster.nodes()
+
+    def check(self, trials: list[TrialSpec]) -> None:
+        spec = self.spec
+        why = None if spec.execution.logical_gpus else plan.gpus_missing(trials, self.nodes)
+        if why:
+            raise SpecError(spec.source, "hardware.num_gpus", spec.hardware.num_gpus, why,
+                            "run it on a cluster with GPUs (--address or RAY_ADDRESS), set "
+                            "hardware.num_gpus: 0 for CPU ranks, or execution.logical_gpus: "
+                            "true to rehearse placement without GPUs")
+
+    def stop(self) -> None:
+        if self._started:
+            import ray
+
+            ray.shutdown()
+            self._started = False
+
+    def system(self) -> tuple[dict[str, Any], dict[str, dict[str, Any]] | None]:
+        return cluster.describe(), cluster.node_facts()
+
+    def unplaceable(self, trials: list[TrialSpec]) -> dict[str, str]:
+        no_token = self.spec.execution.concurrency == "per_node" and not any(
+            n.get(plan.NODE_TOKEN) for n in self.nodes)
+        out = {}
+        for t in trials:
+            why = plan.placement(t, self.nodes)
+            if no_token:
+                why = (f"concurrency per_node needs nodes started with --resources="
+                       f"'{{\"{plan.NODE_TOKEN}\": 1}}' (see cluster/); this cluster has none")
+            if why:
+                out[t.key] = why
+        return out
+
+    def run(self, trials: list[TrialSpec], done: Done, name: str = "tune") -> None:
+        if not trials:
+            return
+        if trials[0].inference is not None:
+            _scenarios(self.spec, trials, done)
+        else:
+            _tune(self.spec, trials, self.out, done, name, self.nodes)
+
+
+def _scenarios(spec, trials: list[TrialSpec], done: Done) -> None:
+    """Inference trials, one after another from the driver: their replicas (actors, a Ray
+    Data actor pool) are the parallel part, and a Tune trial around them would only add a
+    resource request that must fit beside theirs."""
+    from raybench.scenarios.run import run_trial as run_scenario
+
+    for t in trials:
+        start = now()
+        outcome = run_scenario(t, "ray", spec.execution.start_timeout_s,
+                               spec.execution.logical_gpus)
+        outcome.update(start_time=start, end_time=now())
+        done(t, outcome)
+
+
+def _tune(spec, trials: list[TrialSpec], out: Path, done: Done, name: str,
+          nodes: list[dict[str, float]]) -> None:
+    from ray import tune
+
+    from raybench.trial import run_trial
+
+    # Tune's CSV/JSON/TensorBoard loggers would duplicate our table; ours is the record.
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    # ...so Tune's end-of-run analysis finds no result.json; its warning about that is noise.
+    logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
+    storage = str(out / "ray")
+    if spec.output.storage:  # checkpoints go straight to shared storage
+        storage = storage_uri(spec.output.storage, spec.name, out.name, "ray")
+        if "://" not in storage:
+            storage = str(Path(storage).resolve())
+    trials_dir = str(out / "trials")
+    execution = spec.execution
+    cwd = os.getcwd()  # the sweep's relative paths are relative to where it was started
+    limit, why = plan.concurrency_limit(trials, nodes, execution.concurrency)
+    log.info("concurrency %s", why)
+    strategies = {t.key: plan.strategy(t, nodes, execution.placement, execution.concurrency)
+                  for t in trials}
+
+    def tune_trial(config: dict[str, Any], trial_dicts: list[dict[str, Any]]) -> None:
+        trial = TrialSpec.from_dict(trial_dicts[config["trial"]])
+        start = now()
+        outcome = run_trial(trial, storage, trials_dir, execution, cwd, strategies[trial.key])
+        outcome.update(start_time=start, end_time=now())
+        tune.report({"raybench_outcome": json.dumps(outcome)})
+
+    reported: set[int] = set()
+
+    class Writer(tune.Callback):
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            reported.add(trial.config["trial"])
+            done(by_index[trial.config["trial"]], json.loads(result["raybench_outcome"]))
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            if trial.config["trial"] not in reported:
+                done(by_index[trial.config["trial"]],
+                     {"status": "error", "metrics": {},
+                      "error": f"Tune trial failed: {_read(trial.error_file)}"})
+
+    by_index = {i: t for i, t in enumerate(trials)}
+    tuner = tune.Tuner(
+        tune.with_resources(
+            tune.with_parameters(tune_trial, trial_dicts=[t.to_dict() for t in trials]),
+            {"cpu": 0.01},  # the trainer's workers hold the real resources; {"cpu": 0} is rejected
+        ),
+        param_space={"trial": tune.grid_search(list(by_index))},
+        tune_config=tune.TuneConfig(max_concurrent_trials=limit, reuse_actors=False),
+        run_config=tune.RunConfig(
+            name=name, storage_path=storage, verbose=0, callbacks=[Writer()],
+            failure_config=tune.FailureConfig(max_failures=0),
+        ),
+    )
+    tuner.fit()
+
+
+def _read(path: str | None) -> str:
+    try:
+        return Path(path).read_text()[-2000:] if path else "no error file"
+    except OSError:
+        return f"error file {path} unreadable"

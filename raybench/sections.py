@@ -1,0 +1,125 @@
+"""The sections of a sweep file that trials carry: system, hardware, measure, execution,
+output, search. Pydantic models, strict and frozen; no raybench imports, so the worker side
+(context, workloads) depends on them without depending on the loader.
+
+`spec.py` reads a file into these (with the workload's own `Params`, the preprocess and
+inference sections) and owns the errors; this module owns only the fields and their checks.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Precision = Literal["fp32", "tf32", "amp_fp16", "bf16"]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SystemSpec(Strict):
+    """The machine a sweep is written for; used to plan and to label results."""
+
+    label: str = Field(min_length=1)
+    nodes: int = Field(1, ge=1)
+    gpus_per_node: int = Field(0, ge=0)
+    gpu_model: str | None = None
+    gpu_memory_gb: float | None = Field(None, gt=0)
+    cpus_per_node: int | None = Field(None, ge=1)
+    memory_gb: float | None = Field(None, gt=0)
+
+
+class HardwareSpec(Strict):
+    """How one trial uses the hardware: ranks, precision, memory format, input pipeline."""
+
+    num_gpus: int = Field(0, ge=0, description="DDP ranks with one GPU each; 0 runs on CPU")
+    cpu_workers: int = Field(1, ge=1, description="DDP ranks when num_gpus is 0")
+    cpus_per_worker: float = Field(1.0, gt=0, description="logical CPUs reserved per rank")
+    precision: Precision = "fp32"
+    channels_last: bool = False
+    dataloader_workers: int = Field(2, ge=0)
+    compile: bool = False
+    cudnn_benchmark: bool = Field(
+        True, description="cuDNN autotuning: the first steps of each input shape time the "
+        "convolution algorithms and keep the fastest, as benchmark suites run; false for "
+        "workloads whose shapes vary step to step, where it re-tunes every new shape")
+    memory_budget_mb: float | None = Field(
+        None, gt=0, description="enforced on GPU; on CPU compared with the measured peak")
+
+    @property
+    def world_size(self) -> int:
+        return self.num_gpus or self.cpu_workers
+
+    @property
+    def use_gpu(self) -> bool:
+        return self.num_gpus > 0
+
+
+class MeasureSpec(Strict):
+    """The timed window: warmup is discarded; then fixed steps or a time window, `repeats` times."""
+
+    warmup_steps: int = Field(5, ge=0)
+    measure_steps: int | None = Field(None, ge=1)
+    measure_seconds: float | None = Field(None, gt=0)
+    repeats: int = Field(1, ge=1)
+    profile_steps: int = Field(0, ge=0, description="steps after the windows that rank 0 "
+                               "traces with torch.profiler (0: no trace)")
+    sync: Literal["step", "window"] = Field(
+        "step", description="step: the device is synchronised around every step (exact per-step "
+        "and data-wait times, no CPU run-ahead); window: only at the window's ends, as a "
+        "training job runs, with step times from CUDA events recorded between steps")
+
+    @model_validator(mode="after")
+    def _window(self) -> MeasureSpec:
+        if self.measure_steps is not None and self.measure_seconds is not None:
+            raise ValueError("set measure_steps or measure_seconds, not both")
+        if self.measure_steps is None and self.measure_seconds is None:
+            object.__setattr__(self, "measure_steps", 20)
+        if self.measure_steps is not None and self.warmup_steps >= self.measure_steps:
+            raise ValueError(
+                f"warmup_steps ({self.warmup_steps}) must be < measure_steps "
+                f"({self.measure_steps}): a window no longer than its warmup measures little"
+            )
+        if self.measure_seconds is not None and self.warmup_steps < 2:
+            raise ValueError("measure_seconds needs warmup_steps >= 2 to size the window")
+        return self
+
+
+class ExecutionSpec(Strict):
+    """How trials are launched; placement that never happens must fail fast, not hang."""
+
+    start_timeout_s: float = Field(30.0, gt=0, description="worker group placement deadline")
+    concurrency: Literal["exclusive", "per_node", "pack"] = Field(
+        "exclusive", description="exclusive: one trial at a time on the cluster; per_node: trials "
+        "side by side, each alone on its node(s); pack: side by side sharing nodes, never a GPU")
+    placement: Literal["auto", "pack", "spread"] = Field(
+        "auto", description="auto: a trial that fits on one node is packed onto one, a larger "
+        "one spread over nodes")
+    logical_gpus: bool = Field(
+        False, description="GPUs are scheduling tokens only and workers compute on CPU (gloo): "
+        "for rehearsing placement and concurrency on a machine without GPUs, never for figures")
+    max_retries: int = Field(
+        1, ge=0, description="fresh attempts for a trial whose worker process died (a lost "
+        "node, a killed process); never for out-of-memory, errors or timeouts")
+    trial_timeout_s: float | None = Field(
+        None, gt=0, description="wall-clock limit per trial attempt, from its workers' start: "
+        "a trial past it ends as status=timeout (default: none)")
+
+
+class OutputSpec(Strict):
+    root: str = "results"
+    dir: str | None = None  # exact run directory; default <root>/<name>/<UTC timestamp>
+    storage: str | None = Field(
+        None, description="shared storage for a cluster: a path on a shared filesystem or a "
+        "URI pyarrow understands (s3://bucket/prefix, gs://..., file:///...). Ray Train writes "
+        "checkpoints there, and the driver copies the run directory there when the sweep ends")
+
+
+class LargestBatchSpec(Strict):
+    max_batch: int = Field(256, ge=1, description="largest batch size ever tried")
+
+
+class SearchSpec(Strict):
+    largest_batch: LargestBatchSpec | None = None
