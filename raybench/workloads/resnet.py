@@ -25,8 +25,9 @@ _MEAN = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
 _STD = torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
 
 
-class ResnetParams(WorkloadParams):
-    depth: Literal[18, 34, 50, 101, 152] = 50
+class ImageParams(WorkloadParams):
+    """An image classifier's data and optimizer, shared by the classifier families."""
+
     image_size: int = Field(224, ge=32, description="square input side in pixels")
     num_classes: int = Field(1000, ge=2)
     data: Literal["synthetic", "synthetic_device", "imagefolder"] = "synthetic"
@@ -35,13 +36,17 @@ class ResnetParams(WorkloadParams):
     lr: float = Field(0.1, gt=0)
 
     @model_validator(mode="after")
-    def _data_path(self) -> ResnetParams:
+    def _data_path(self) -> ImageParams:
         if self.data == "imagefolder":
             if not self.data_path:
                 raise ValueError("data: imagefolder needs data_path (an ImageFolder root)")
             if not Path(self.data_path).is_dir():
                 raise ValueError(f"data_path '{self.data_path}' is not a directory")
         return self
+
+
+class ResnetParams(ImageParams):
+    depth: Literal[18, 34, 50, 101, 152] = 50
 
 
 def synthetic_image(seed: int, i: int, size: int) -> torch.Tensor:
@@ -77,7 +82,7 @@ class Resnet(Servable):
     def setup(self) -> None:
         p, ctx = self.params, self.ctx
         torch.manual_seed(p.seed)
-        self._model = getattr(torchvision.models, f"resnet{p.depth}")(num_classes=p.num_classes)
+        self._model = self.build()
         self.net = ctx.prepare_model(self._model)
         self.opt = torch.optim.SGD(self.net.parameters(), lr=p.lr, momentum=0.9, weight_decay=1e-4)
         self.scaler = ctx.grad_scaler()
@@ -89,6 +94,12 @@ class Resnet(Servable):
             self._resident = (ctx.prepare_images(images), labels.to(ctx.device))
         else:
             self.loader = ctx.make_loader(self._dataset(), p.batch_size)
+
+    def build(self) -> torch.nn.Module:
+        """The network, randomly initialised (after the seed is set); an image classifier
+        family that trains and serves the same way subclasses this workload and builds its own."""
+        return getattr(torchvision.models, f"resnet{self.params.depth}")(
+            num_classes=self.params.num_classes)
 
     def _dataset(self) -> Dataset:
         p = self.params
@@ -145,7 +156,7 @@ class Resnet(Servable):
     def setup_serving(self) -> None:
         p = self.params
         torch.manual_seed(p.seed)
-        self._model = getattr(torchvision.models, f"resnet{p.depth}")(num_classes=p.num_classes)
+        self._model = self.build()
         self._model.eval()
         if self.ctx.inference_dtype is not None:
             self._model.to(self.ctx.inference_dtype)
