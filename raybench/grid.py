@@ -163,7 +163,10 @@ def _section_models(spec: SweepSpec) -> dict[str, type]:
 
 
 def _base(spec: SweepSpec, section: str) -> dict[str, Any]:
-    return getattr(spec, section).model_dump(exclude_unset=section == "measure")
+    """What the sweep file set in this section: a field a validator derives from others (the
+    default window, a variant's resolution) is derived again for each combination, so it
+    follows the axes instead of keeping the value derived for the sweep's own settings."""
+    return getattr(spec, section).model_dump(exclude_unset=True)
 
 
 def _check_axis_values(spec: SweepSpec, axes: list[tuple[str, list[Any]]]) -> None:
