@@ -22,6 +22,28 @@ def test_resnet50_224_matches_published_count():
     assert next(model.parameters()).device.type == "cpu"  # counted on a copy
 
 
+@pytest.mark.parametrize("groups", [1, 4, 64])
+def test_convolution_backward_costs_twice_its_forward_whatever_the_groups(groups):
+    """torch 2.15's formula counted the weight gradient of a grouped convolution as a dense
+    one (65x the forward for a depthwise 3x3 over 64 channels)."""
+    conv = torch.nn.Sequential(torch.nn.Conv2d(8, 64, 1),  # so the grouped one has an input grad
+                               torch.nn.Conv2d(64, 64, 3, padding=1, groups=groups, bias=False))
+    x = torch.zeros(1, 8, 28, 28)
+    first = 2 * 8 * 64 * 28 * 28  # 1x1: forward; its backward computes no input gradient
+    grouped = 2 * 64 * (64 // groups) * 9 * 28 * 28
+    assert flops_per_sample(conv, x, train=False) == first + grouped
+    assert flops_per_sample(conv, x, train=True) == (first + grouped) + first + 2 * grouped
+
+
+def test_depthwise_network_counts_three_forwards_per_training_step():
+    """EfficientNet-B0 at 224 px: torchvision publishes 0.386 G multiply-adds per image."""
+    model = torchvision.models.efficientnet_b0()
+    x = torch.zeros(1, 3, 224, 224)
+    forward = flops_per_sample(model, x, train=False)
+    assert forward / 2e9 == pytest.approx(0.386, rel=0.01)
+    assert 2.9 < flops_per_sample(model, x, train=True) / forward < 3.0
+
+
 def test_peak_table_and_unknowns():
     assert peak_tflops("NVIDIA A100-SXM4-80GB", "bf16") == 312.0
     assert peak_tflops("NVIDIA H100 80GB HBM3", "fp32") == 67.0
