@@ -10,6 +10,8 @@ import logging
 import traceback
 from typing import Any
 
+from raybench.records import TrialOutcome
+
 log = logging.getLogger(__name__)
 
 # CUDA's allocator, the CPU allocator and Python itself word out-of-memory differently.
@@ -24,13 +26,13 @@ LOST_NAMES = {"ActorDiedError", "RayActorError", "ActorUnavailableError", "Worke
               "NodeDiedError", "WorkerHealthCheckFailedError", "WorkerGroupStartupFailedError"}
 
 
-def failure(exc: BaseException, resources: dict[str, Any] | None = None) -> dict[str, Any]:
+def failure(exc: BaseException, resources: dict[str, Any] | None = None) -> TrialOutcome:
     text = _describe(exc)
     status = classify(exc, text)
     if status == "infeasible":
         text = f"worker group could not be placed (wanted {resources}): {text}"
     log.warning("trial failed (%s): %s", status, text.splitlines()[0] if text else "")
-    return {"status": status, "error": text[-4000:], "metrics": {}}
+    return TrialOutcome.failed(status, text[-4000:])
 
 
 def classify(exc: BaseException, text: str) -> str:

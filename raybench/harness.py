@@ -133,8 +133,8 @@ def forward_check(trial: TrialSpec) -> dict[str, Any]:
     if trial.workload_name != "vit_tiles" or trial.workload.mode != "inference":
         raise ValueError("forward-check compares inference vit_tiles trials")
     out = run_local(trial)
-    if out["status"] != "ok":
-        raise RuntimeError(f"trial failed: {out['error']}")
+    if not out.ok:
+        raise RuntimeError(f"trial failed: {out.error}")
     hw = trial.hardware
     device = torch.device("cuda", 0) if hw.use_gpu else torch.device("cpu")
     ctx = WorkerContext(0, 0, 1, 0, device, hw)
@@ -151,8 +151,8 @@ def forward_check(trial: TrialSpec) -> dict[str, Any]:
     timer = benchmark.Timer(stmt="forward()", globals={"forward": forward},
                             num_threads=torch.get_num_threads())
     measured = timer.blocked_autorange(min_run_time=2.0)  # Timer synchronises CUDA itself
-    ours = out["metrics"]["train/forward_mean_ms"]
-    ours_p50 = out["metrics"]["train/forward_p50_ms"]
+    ours = out.metrics["train/forward_mean_ms"]
+    ours_p50 = out.metrics["train/forward_p50_ms"]
     reference = measured.median * 1e3  # the median of block means: robust to host hiccups
     return {"config": trial.overrides, "raybench_forward_ms": ours,
             "raybench_forward_p50_ms": ours_p50, "timer_forward_ms": reference,

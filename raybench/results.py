@@ -16,18 +16,18 @@ import subprocess
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import pandas as pd
 import yaml
 
 from raybench import interrupts
 from raybench.grid import TrialSpec
+from raybench.records import Status, TrialOutcome
 from raybench.report.assess import validity
 from raybench.spec import SpecError, SweepSpec
 
 log = logging.getLogger(__name__)
-Status = Literal["ok", "oom", "error", "timeout", "infeasible", "lost"]
 ID_COLUMNS = ["sweep", "run_id", "stage", "trial_index", "trial_key", "system", "start_time",
               "end_time", "status", "error"]
 
@@ -192,7 +192,7 @@ class RowWriter:
                  history: History | None = None):
         self.spec, self.run_id, self.table, self.history = spec, run_id, table, history
         self.done: dict[str, str] = {}
-        self.outcomes: dict[str, dict[str, Any]] = {}
+        self.outcomes: dict[str, TrialOutcome] = {}
         self.stages: list[dict[str, Any]] = []
         self.searches: list[dict[str, Any]] = []
         # A resumed run starts from the rows on disk: those trials and stages are not rerun.
@@ -201,51 +201,50 @@ class RowWriter:
         for row in table.rows:
             if row.get("stage") == "benchmark":
                 self.done[row["trial_key"]] = row["status"]
-                self.outcomes[row["trial_key"]] = {
-                    "status": row["status"],
-                    "metrics": {k: v for k, v in row.items() if "/" in k and _present(v)}}
+                self.outcomes[row["trial_key"]] = TrialOutcome(
+                    status=row["status"],
+                    metrics={k: v for k, v in row.items() if "/" in k and _present(v)})
                 self.resumed += 1
             elif row.get("stage") in ("preprocess", "search") and row.get("status") == "ok":
                 self._stage_rows.add(row["trial_key"])
 
-    def write(self, trial: TrialSpec, outcome: dict[str, Any]) -> None:
+    def write(self, trial: TrialSpec, outcome: TrialOutcome) -> None:
         with interrupts.row_section():  # a Ctrl-C waits until row, trial file and history agree
             self._write(trial, outcome)
 
-    def _write(self, trial: TrialSpec, outcome: dict[str, Any]) -> None:
+    def _write(self, trial: TrialSpec, outcome: TrialOutcome) -> None:
         stamp = now()
         row = make_row(
             sweep=self.spec.name, run_id=self.run_id, system=self.spec.system.label, trial=trial,
-            status=outcome["status"], error=outcome.get("error"), metrics=outcome["metrics"],
-            start=outcome.get("start_time", stamp), end=outcome.get("end_time", stamp),
+            status=outcome.status, error=outcome.error, metrics=outcome.metrics,
+            start=outcome.start_time or stamp, end=outcome.end_time or stamp,
         )
         self.table.write_trial(trial, {
-            "trial": trial.to_dict(), "row": row, "ranks": outcome.get("ranks", []),
-            "records": outcome.get("records", []),
+            "trial": trial.to_dict(), "row": row, "ranks": outcome.ranks,
+            "records": outcome.records,
         })
         self._append(row)
-        self.done[trial.key] = outcome["status"]
+        self.done[trial.key] = outcome.status
         # what a search needs to judge a probe; raw records stay in the trial JSON only
-        self.outcomes[trial.key] = {"status": outcome["status"], "metrics": outcome["metrics"]}
-        thr = headline(outcome["metrics"])
-        log.info("trial %d %s: %s%s", trial.index, trial.key, outcome["status"],
-                 f", {thr:.1f} samples/s" if thr else f" ({(outcome.get('error') or '')[:200]})")
+        self.outcomes[trial.key] = TrialOutcome(status=outcome.status, metrics=outcome.metrics)
+        thr = headline(outcome.metrics)
+        log.info("trial %d %s: %s%s", trial.index, trial.key, outcome.status,
+                 f", {thr:.1f} samples/s" if thr else f" ({(outcome.error or '')[:200]})")
 
-    def write_stage(self, key: str, outcome: dict[str, Any], start: str) -> None:
+    def write_stage(self, key: str, outcome: TrialOutcome, start: str) -> None:
         """A preprocess stage run as a row: `stage=preprocess`, its config and figures (once per
         run: a resumed run that finds the stage's row does not add another)."""
         row = {
             "sweep": self.spec.name, "run_id": self.run_id, "stage": "preprocess",
             "trial_index": None, "trial_key": key, "system": self.spec.system.label,
-            "start_time": start, "end_time": now(), "status": outcome["status"],
-            "error": outcome.get("error"), **outcome["config"], **outcome["metrics"],
+            "start_time": start, "end_time": now(), "status": outcome.status,
+            "error": outcome.error, **(outcome.config or {}), **outcome.metrics,
         }
-        if key not in self._stage_rows or outcome["status"] != "ok":
+        if key not in self._stage_rows or not outcome.ok:
             self._append(row)
-        self.stages.append({"key": key, "status": outcome["status"],
-                            "output": outcome.get("output"),
-                            "chips_per_s": outcome["metrics"].get("preprocess/chips_per_s"),
-                            "cached": outcome["metrics"].get("preprocess/cached")})
+        self.stages.append({"key": key, "status": outcome.status, "output": outcome.output,
+                            "chips_per_s": outcome.metrics.get("preprocess/chips_per_s"),
+                            "cached": outcome.metrics.get("preprocess/cached")})
 
     def write_search(self, group: TrialSpec, result: dict[str, Any], start: str) -> None:
         """The answer of a largest-batch search as a `stage=search` row (probes are trials)."""

@@ -13,19 +13,18 @@ from collections.abc import Callable
 from typing import Any
 
 from raybench.grid import TrialSpec, trial_key
+from raybench.records import TrialOutcome
 from raybench.results import now
 from raybench.sections import LargestBatchSpec
 
-Outcome = dict[str, Any]
 
-
-def fits(outcome: Outcome, budget_mb: float | None) -> bool:
+def fits(outcome: TrialOutcome, budget_mb: float | None) -> bool:
     """Ran, and (with a budget) peaked within it: device memory on GPU, process RSS on CPU."""
-    if outcome["status"] != "ok":
+    if not outcome.ok:
         return False
     if budget_mb is None:
         return True
-    m = outcome["metrics"]
+    m = outcome.metrics
     peak = m.get("mem/peak_allocated_mb") or m.get("host/rss_peak_mb")
     return peak is not None and peak <= budget_mb
 
@@ -38,8 +37,8 @@ def with_batch(trial: TrialSpec, batch: int, index: int) -> TrialSpec:
         overrides={**trial.overrides, "workload.batch_size": batch})
 
 
-def largest_batch(group: TrialSpec, spec: LargestBatchSpec, run: Callable[[TrialSpec], Outcome],
-                  first_index: int) -> dict[str, Any]:
+def largest_batch(group: TrialSpec, spec: LargestBatchSpec,
+                  run: Callable[[TrialSpec], TrialOutcome], first_index: int) -> dict[str, Any]:
     """Double from 1, then bisect between the last batch that fit and the first that did not."""
     budget = group.hardware.memory_budget_mb
     probes: dict[int, bool] = {}
@@ -71,7 +70,7 @@ def largest_batch(group: TrialSpec, spec: LargestBatchSpec, run: Callable[[Trial
 
 
 def search_all(spec: LargestBatchSpec, groups: list[TrialSpec],
-               run: Callable[[TrialSpec], Outcome], writer: Any) -> None:
+               run: Callable[[TrialSpec], TrialOutcome], writer: Any) -> None:
     """Search every grid point in turn; `run` executes a probe and records its row."""
     index = max((g.index for g in groups), default=-1) + 1
     for group in groups:

@@ -21,6 +21,7 @@ from typing import Any
 from raybench import cli, interrupts, runners, workloads
 from raybench.data.stage import PreprocessSpec
 from raybench.grid import TrialSpec, stage_variants
+from raybench.records import TrialOutcome
 from raybench.results import (
     History,
     ResultsTable,
@@ -121,10 +122,10 @@ def run_sweep(spec: SweepSpec, trials: list[TrialSpec], out: Path, runner: Runne
             for t in trials:
                 if t.key in never:
                     log.error("trial %d (%s) can never be placed: %s", t.index, t.key, never[t.key])
-                    writer.write(t, {"status": "infeasible", "error": never[t.key], "metrics": {}})
+                    writer.write(t, TrialOutcome.failed("infeasible", never[t.key]))
             runnable = [t for t in trials if t.key not in never]
             if runnable and spec.search and spec.search.largest_batch:
-                def probe(t: TrialSpec) -> dict[str, Any]:
+                def probe(t: TrialSpec) -> TrialOutcome:
                     if t.key not in writer.outcomes:
                         runner.run([t], writer.write, name=f"probe_{t.index:04d}")
                     return writer.outcomes.get(t.key) or _lost(t, writer)
@@ -153,9 +154,8 @@ def run_sweep(spec: SweepSpec, trials: list[TrialSpec], out: Path, runner: Runne
     return summary
 
 
-def _lost(t: TrialSpec, writer: RowWriter) -> dict[str, Any]:
-    outcome = {"status": "error", "error": "trial ended without a result", "metrics": {}}
-    writer.write(t, outcome)
+def _lost(t: TrialSpec, writer: RowWriter) -> TrialOutcome:
+    writer.write(t, TrialOutcome.failed("error", "trial ended without a result"))
     return writer.outcomes[t.key]
 
 
@@ -179,10 +179,10 @@ def _stage(variant: PreprocessSpec, out: Path, writer: RowWriter) -> str | None:
         outcome = run_stage(variant, out)
     except Exception as e:  # missing inputs, corrupt rasters under on_error=fail, ...
         log.error("preprocess failed: %s", e)
-        outcome = {"status": "error", "error": f"{type(e).__name__}: {e}", "metrics": {},
-                   "config": stage_config(variant)}
+        outcome = TrialOutcome(status="error", error=f"{type(e).__name__}: {e}",
+                               config=stage_config(variant))
     writer.write_stage(key, outcome, start)
-    return outcome.get("output") if outcome["status"] == "ok" else None
+    return outcome.output if outcome.ok else None
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from raybench.context import WorkerContext
 from raybench.failures import failure
 from raybench.grid import TrialSpec, artifact_dir, trace_path
 from raybench.plan import NODE_TOKEN
+from raybench.records import RankRecord, TrialOutcome
 from raybench.sections import ExecutionSpec
 from raybench.worker import run_worker
 
@@ -44,7 +45,7 @@ TRAIN_ENV = {
 }
 
 
-def train_loop(config: dict[str, Any]) -> list[dict[str, Any]] | None:
+def train_loop(config: dict[str, Any]) -> list[RankRecord] | None:
     """Runs on every Ray Train worker; rank 0's return value carries all ranks' records."""
     trial = TrialSpec.from_dict(config["trial"])
     if config.get("cwd") and os.path.isdir(config["cwd"]):
@@ -101,7 +102,7 @@ def _watchdog(limit_s: float | None) -> threading.Timer | None:
 
 
 def run_trial(trial: TrialSpec, storage: str, trials_dir: str, execution: ExecutionSpec,
-              cwd: str | None = None, strategy: str = "PACK") -> dict[str, Any]:
+              cwd: str | None = None, strategy: str = "PACK") -> TrialOutcome:
     """Fit one trial; a worker process that died is retried up to `execution.max_retries` times
     on fresh workers. Returns {status, error, metrics, ...} with `trial/retries`, never raises."""
     lost: list[str] = []
@@ -110,24 +111,24 @@ def run_trial(trial: TrialSpec, storage: str, trials_dir: str, execution: Execut
         out = _attempt(trial, storage, trials_dir, execution, cwd, strategy, len(lost))
         elapsed = time.monotonic() - start
         limit = execution.trial_timeout_s
-        if out["status"] in ("lost", "error") and limit and elapsed >= limit:
-            out = {"status": "timeout", "metrics": {},
-                   "error": f"ran past execution.trial_timeout_s={limit:g} s (stopped after "
-                            f"{elapsed:.0f} s)\n{out['error']}"}
-        if out["status"] == "lost" and len(lost) < execution.max_retries:
+        if out.status in ("lost", "error") and limit and elapsed >= limit:
+            out = TrialOutcome.failed(
+                "timeout", f"ran past execution.trial_timeout_s={limit:g} s (stopped after "
+                f"{elapsed:.0f} s)\n{out.error}")
+        if out.status == "lost" and len(lost) < execution.max_retries:
             # two lines: a controller's error says what failed on its second
-            lost.append(" ".join(out["error"].splitlines()[:2])[:300])
+            lost.append(" ".join((out.error or "").splitlines()[:2])[:300])
             log.warning("trial %d (%s) lost a worker; retry %d of %d on fresh workers",
                         trial.index, trial.key, len(lost), execution.max_retries)
             continue
-        out["metrics"]["trial/retries"] = len(lost)
+        out.metrics["trial/retries"] = len(lost)
         if lost:
-            out["metrics"]["trial/retry_reasons"] = " | ".join(lost)
+            out.metrics["trial/retry_reasons"] = " | ".join(lost)
         return out
 
 
 def _attempt(trial: TrialSpec, storage: str, trials_dir: str, execution: ExecutionSpec,
-              cwd: str | None, strategy: str, attempt: int) -> dict[str, Any]:
+              cwd: str | None, strategy: str, attempt: int) -> TrialOutcome:
     """Fit one TorchTrainer; returns {status, error, metrics, ranks, records}, never raises.
     `storage` is Ray Train's storage path (a local folder or a URI), `trials_dir` where rank 0
     writes traces and artefacts (on its own node), `strategy` the placement (plan.strategy)."""
@@ -167,9 +168,9 @@ def _attempt(trial: TrialSpec, storage: str, trials_dir: str, execution: Executi
     except Exception as e:  # a failed trial is a row, never a lost sweep
         return failure(e, res)
     out = metrics.outcome(result.return_value)
-    if out["status"] == "ok":
-        out["metrics"]["cluster/placement_strategy"] = strategy
-        out["metrics"]["cluster/concurrency"] = execution.concurrency
+    if out.ok:
+        out.metrics["cluster/placement_strategy"] = strategy
+        out.metrics["cluster/concurrency"] = execution.concurrency
         if result.checkpoint is not None:
-            out["metrics"]["train/checkpoint"] = result.checkpoint.path
+            out.metrics["train/checkpoint"] = result.checkpoint.path
     return out

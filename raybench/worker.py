@@ -26,18 +26,19 @@ from raybench import workloads
 from raybench.context import WorkerContext
 from raybench.grid import TrialSpec
 from raybench.memory import peak_rss_mb, reset_peak_rss
+from raybench.records import RankRecord
 from raybench.telemetry import aggregate, open_sampler
 
 log = logging.getLogger(__name__)
 
 
-def run_worker(trial: TrialSpec, ctx: WorkerContext) -> list[dict[str, Any]] | None:
+def run_worker(trial: TrialSpec, ctx: WorkerContext) -> list[RankRecord] | None:
     """Run one trial on this rank; rank 0 returns every rank's record, other ranks None."""
     record = measure_rank(trial, ctx)
     return ctx.gather(record)
 
 
-def measure_rank(trial: TrialSpec, ctx: WorkerContext) -> dict[str, Any]:
+def measure_rank(trial: TrialSpec, ctx: WorkerContext) -> RankRecord:
     if not ctx.is_cuda:
         # As many intra-op threads as logical CPUs reserved: Ray's OMP_NUM_THREADS rule for
         # its workers, applied here too so the in-process runner measures the same thing.
@@ -95,41 +96,41 @@ def measure_rank(trial: TrialSpec, ctx: WorkerContext) -> dict[str, Any]:
     n_params = sum(p.numel() for p in model.parameters())
     size_b = sum(p.numel() * p.element_size() for p in model.parameters())
     size_b += sum(b.numel() * b.element_size() for b in model.buffers())
-    return {
-        "workload": trial.workload_name,
-        "rank": ctx.rank,
-        "local_rank": ctx.local_rank,
-        "node_rank": ctx.node_rank,
-        "hostname": socket.gethostname(),
-        "node_id": ctx.node_id or socket.gethostname(),
-        "node_ip": ctx.node_ip,
-        "accelerator_ids": ctx.accelerator_ids,
-        "pid": os.getpid(),
-        "device": str(ctx.device),
-        "device_name": torch.cuda.get_device_name(ctx.device) if ctx.is_cuda else "cpu",
-        "steps_per_window": run["window_steps"][0],
-        "window_steps": run["window_steps"],
-        "epochs": run.get("epochs"),
-        "samples_per_step": workload.samples_per_step(),
-        "warmup_s": [w + c for w, c, _ in warm],
-        "wait_s": wait_s,
-        "compute_s": compute_s,
-        "windows_s": run["windows_s"],
-        "phase_s": phases,
-        "own_s": own,
-        "setup_s": setup_s,
-        "loss_final": None if loss is None else float(loss.float().item()),
-        "params": n_params,
-        "model_size_mb": size_b / 2**20,
+    return RankRecord(
+        workload=trial.workload_name,
+        rank=ctx.rank,
+        local_rank=ctx.local_rank,
+        node_rank=ctx.node_rank,
+        hostname=socket.gethostname(),
+        node_id=ctx.node_id or socket.gethostname(),
+        node_ip=ctx.node_ip,
+        accelerator_ids=ctx.accelerator_ids,
+        pid=os.getpid(),
+        device=str(ctx.device),
+        device_name=torch.cuda.get_device_name(ctx.device) if ctx.is_cuda else "cpu",
+        steps_per_window=run["window_steps"][0],
+        window_steps=run["window_steps"],
+        epochs=run.get("epochs"),
+        samples_per_step=workload.samples_per_step(),
+        warmup_s=[w + c for w, c, _ in warm],
+        wait_s=wait_s,
+        compute_s=compute_s,
+        windows_s=run["windows_s"],
+        phase_s=phases,
+        own_s=own,
+        setup_s=setup_s,
+        loss_final=None if loss is None else float(loss.float().item()),
+        params=n_params,
+        model_size_mb=size_b / 2**20,
         **memory,
-        "describe": workload.describe(),
-        "precision": trial.hardware.precision,
-        "cpu_util_pct": cpu_util,
-        "telemetry": telemetry,
-        "trace": trace,
-        "gpu": aggregate(telemetry, workload.samples_per_step() * len(compute_s)),
-        "flops_per_sample": flops,
-    }
+        describe=workload.describe(),
+        precision=trial.hardware.precision,
+        cpu_util_pct=cpu_util,
+        telemetry=telemetry,
+        trace=trace,
+        gpu=aggregate(telemetry, workload.samples_per_step() * len(compute_s)),
+        flops_per_sample=flops,
+    )
 
 
 def _run_windows(workload: workloads.Workload, batches: Any, ctx: WorkerContext, steps: int,

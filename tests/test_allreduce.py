@@ -35,8 +35,8 @@ def test_bus_bandwidth_definition():
 def test_allreduce_on_gloo_with_two_ranks(write_sweep):
     (trial,) = expand(load_sweep(write_sweep(PROBE)))
     out = run_local(trial)
-    assert out["status"] == "ok", out.get("error")
-    m = out["metrics"]
+    assert out.status == "ok", out.error
+    m = out.metrics
     assert m["comm/message_mb"] == pytest.approx(4.0)
     assert m["comm/algbw_gb_s"] > 0
     assert m["comm/busbw_gb_s"] == pytest.approx(m["comm/algbw_gb_s"])  # 2(n-1)/n = 1 for n=2

@@ -48,8 +48,8 @@ def test_a_trial_runs_and_counts_its_flops(write_sweep):
                        "measure: {warmup_steps: 1, measure_steps: 3}\n")
     (trial,) = expand(load_sweep(path))
     out = run_local(trial)
-    assert out["status"] == "ok", out.get("error")
-    m = out["metrics"]
+    assert out.status == "ok", out.error
+    m = out.metrics
     assert m["train/samples_per_s"] > 0 and m["train/measured_steps"] == 3
     # B0 at 64 px: (64/224)^2 of the 2.29 GFLOPs a 224 px training step counts, give or take
     # the resolution-independent classifier and the padding of small feature maps

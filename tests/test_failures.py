@@ -12,8 +12,8 @@ def test_real_cpu_allocation_failure_is_oom():
     with pytest.raises(RuntimeError) as info:
         torch.empty(2**62, dtype=torch.uint8)
     out = failure(info.value)
-    assert out["status"] == "oom"
-    assert "allocate" in out["error"]
+    assert out.status == "oom"
+    assert "allocate" in out.error
 
 
 def test_cuda_oom_class_is_oom():
@@ -27,7 +27,7 @@ def test_wrapped_worker_failure_is_walked():
             super().__init__("Training failed due to worker errors")
             self.worker_failures = {0: torch.OutOfMemoryError("CUDA out of memory")}
 
-    assert failure(WorkerGroupError())["status"] == "oom"
+    assert failure(WorkerGroupError()).status == "oom"
 
 
 def test_a_worker_lost_while_starting_is_lost_through_the_controller():
@@ -37,7 +37,7 @@ def test_a_worker_lost_while_starting_is_lost_through_the_controller():
 
     err = ControllerError(WorkerGroupStartupFailedError(
         "At least one of the worker actors failed to initialize."))
-    assert failure(err)["status"] == "lost"
+    assert failure(err).status == "lost"
 
 
 def test_placement_timeout_is_infeasible_with_resources():
@@ -45,9 +45,9 @@ def test_placement_timeout_is_infeasible_with_resources():
         pass
 
     out = failure(WorkerGroupStartupTimeoutError("timed out after 5s"), {"workers": 2})
-    assert out["status"] == "infeasible"
-    assert "wanted {'workers': 2}" in out["error"]
+    assert out.status == "infeasible"
+    assert "wanted {'workers': 2}" in out.error
 
 
 def test_plain_error():
-    assert failure(ValueError("bad shape"))["status"] == "error"
+    assert failure(ValueError("bad shape")).status == "error"

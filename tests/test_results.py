@@ -8,12 +8,13 @@ import pandas as pd
 import pytest
 
 from raybench.grid import expand
+from raybench.records import TrialOutcome
 from raybench.results import History, ResultsTable, RowWriter
 from raybench.spec import load_sweep
 
 
-def outcome(thr: float) -> dict:
-    return {"status": "ok", "error": None, "metrics": {"train/samples_per_s": thr}}
+def outcome(thr: float) -> TrialOutcome:
+    return TrialOutcome(status="ok", metrics={"train/samples_per_s": thr})
 
 
 def test_rows_and_history_across_runs(write_sweep, tmp_path):
@@ -56,7 +57,7 @@ def test_summary_best_is_the_fastest_valid_trial(write_sweep, tmp_path):
     writer = RowWriter(spec, "r", ResultsTable(tmp_path))
     writer.write(slow, outcome(100.0))
     diverged = outcome(500.0)
-    diverged["metrics"]["train/loss_finite"] = False
+    diverged.metrics["train/loss_finite"] = False
     writer.write(fast, diverged)
     summary = writer.summary(tmp_path, 1.0)
     assert summary["best"] == {"trial_key": slow.key, "samples_per_s": 100.0}

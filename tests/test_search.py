@@ -9,6 +9,7 @@ import pytest
 
 from raybench.bench import main as bench_main
 from raybench.grid import expand
+from raybench.records import TrialOutcome
 from raybench.runners.local import run_local
 from raybench.search import LargestBatchSpec, largest_batch
 from raybench.spec import SpecError, load_sweep
@@ -26,7 +27,7 @@ def fake_run(limit: int, calls: list[int]):
     def run(trial):
         b = trial.workload.batch_size
         calls.append(b)
-        return {"status": "ok" if b <= limit else "oom", "metrics": {}}
+        return TrialOutcome(status="ok" if b <= limit else "oom")
     return run
 
 
@@ -46,7 +47,7 @@ def test_probe_trials_get_their_own_keys(write_sweep):
     (group,) = expand(load_sweep(write_sweep(SEARCH)))
     seen = []
     largest_batch(group, LargestBatchSpec(max_batch=4), lambda t: seen.append(t) or
-                  {"status": "ok", "metrics": {}}, 5)
+                  TrialOutcome(status="ok"), 5)
     assert [t.workload.batch_size for t in seen] == [1, 2, 4]
     assert [t.index for t in seen] == [5, 6, 7]
     assert len({t.key for t in seen}) == 3
@@ -65,7 +66,7 @@ def test_search_against_a_cpu_memory_budget(write_sweep, tmp_path, capsys):
     peaks = {}
     for b in (2, 16):
         (t,) = expand(load_sweep(path, [f"workload.batch_size={b}", "search=null"]))
-        peaks[b] = run_local(t)["metrics"]["host/rss_peak_mb"]
+        peaks[b] = run_local(t).metrics["host/rss_peak_mb"]
     assert peaks[16] > peaks[2] + 100  # training activations grow with the batch
     budget = (peaks[2] + peaks[16]) / 2
     code = bench_main(["run", str(path), "--output", str(tmp_path / "run"),

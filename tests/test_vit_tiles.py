@@ -45,8 +45,8 @@ def test_tile_must_be_multiple_of_patch(write_sweep):
 
 def test_inference_mode_metrics(write_sweep):
     out = run_local(trial(write_sweep))
-    assert out["status"] == "ok", out.get("error")
-    m = out["metrics"]
+    assert out.status == "ok", out.error
+    m = out.metrics
     assert m["train/forward_mean_ms"] > 0 and "train/backward_mean_ms" not in m
     assert m["train/pixels_per_s"] == pytest.approx(m["train/samples_per_s"] * 64 * 64)
     assert m["train/pixels_per_s_per_mb"] == pytest.approx(
@@ -56,13 +56,13 @@ def test_inference_mode_metrics(write_sweep):
 
 def test_train_mode_times_each_phase(write_sweep):
     out = run_local(trial(write_sweep, "workload.mode=train"))
-    assert out["status"] == "ok", out.get("error")
-    m = out["metrics"]
+    assert out.status == "ok", out.error
+    m = out.metrics
     for phase in ("forward", "backward", "optimizer"):
         assert m[f"train/{phase}_mean_ms"] > 0
     parts = m["train/forward_mean_ms"] + m["train/backward_mean_ms"] + m["train/optimizer_mean_ms"]
     assert parts <= m["train/compute_time_mean_ms"] * 1.001
-    assert len(out["records"][0]["phase_s"]["forward"]) == 3  # warmup excluded
+    assert len(out.records[0]["phase_s"]["forward"]) == 3  # warmup excluded
 
 
 def test_real_allocation_failure_is_an_oom_row_and_the_sweep_goes_on(write_sweep, tmp_path,
@@ -144,7 +144,7 @@ def test_cuda_graphs_only_for_gpu_inference(write_sweep):
     with pytest.raises(Exception, match="cuda_graphs captures the inference forward only"):
         trial(write_sweep, "workload.mode=train", "workload.cuda_graphs=true")
     out = run_local(trial(write_sweep, "workload.tile=64", "workload.cuda_graphs=true"))
-    assert out["status"] == "error" and "needs a GPU trial" in out["error"]
+    assert out.status == "error" and "needs a GPU trial" in out.error
 
 
 @pytest.mark.gpu
@@ -162,4 +162,4 @@ def test_cuda_graph_replay_matches_eager(write_sweep):
     assert torch.allclose(outs[0], outs[1], atol=1e-2, rtol=1e-2)
     out = run_local(trial(write_sweep, "workload.tile=64", "hardware.num_gpus=1",
                           "workload.cuda_graphs=true"))
-    assert out["status"] == "ok", out.get("error")
+    assert out.status == "ok", out.error

@@ -30,22 +30,22 @@ def cpu_ctx(trial):
 def test_record_has_every_field(write_sweep):
     trial = one_trial(write_sweep)
     r = measure_rank(trial, cpu_ctx(trial))
-    assert len(r["compute_s"]) == len(r["wait_s"]) == 3
-    assert len(r["warmup_s"]) == 1
-    assert all(c > 0 for c in r["compute_s"])
-    assert r["params"] == sum(p.numel() for p in torch.nn.Module.parameters(
+    assert len(r.compute_s) == len(r.wait_s) == 3
+    assert len(r.warmup_s) == 1
+    assert all(c > 0 for c in r.compute_s)
+    assert r.params == sum(p.numel() for p in torch.nn.Module.parameters(
         __import__("torchvision").models.resnet18(num_classes=10)))
-    assert r["peak_allocated_mb"] is None and r["rss_peak_mb"] > 0
-    assert 0 < r["cpu_util_pct"] < 100 * 64  # a busy process, at most every core
-    assert r["telemetry"] == [] and r["gpu"] == {}  # no NVML on CPU: empty, not an error
-    assert r["loss_final"] > 0
+    assert r.peak_allocated_mb is None and r.rss_peak_mb > 0
+    assert 0 < r.cpu_util_pct < 100 * 64  # a busy process, at most every core
+    assert r.telemetry == [] and r.gpu == {}  # no NVML on CPU: empty, not an error
+    assert r.loss_final > 0
 
 
 @pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16", "amp_fp16"])
 def test_precisions_run_on_cpu(write_sweep, precision):
     trial = one_trial(write_sweep, f"hardware.precision={precision}")
     r = measure_rank(trial, cpu_ctx(trial))
-    assert r["loss_final"] == r["loss_final"]  # not NaN
+    assert r.loss_final == r.loss_final  # not NaN
 
 
 def test_math_mode_follows_precision_not_pytorch_defaults(write_sweep):
@@ -96,46 +96,46 @@ def test_channels_last_model_and_inputs(write_sweep):
 def test_data_wait_is_measured_with_a_loader(write_sweep):
     trial = one_trial(write_sweep, "hardware.dataloader_workers=1")
     r = measure_rank(trial, cpu_ctx(trial))
-    assert all(w > 0 for w in r["wait_s"])
+    assert all(w > 0 for w in r.wait_s)
     resident = one_trial(write_sweep, "workload.data=synthetic_device")
     r2 = measure_rank(resident, cpu_ctx(resident))
-    assert max(r2["wait_s"]) < min(r2["compute_s"])
+    assert max(r2.wait_s) < min(r2.compute_s)
 
 
 def test_time_window_becomes_agreed_step_count(write_sweep):
     trial = one_trial(write_sweep, "measure={warmup_steps: 2, measure_seconds: 0.5}")
     r = measure_rank(trial, cpu_ctx(trial))
-    steps = r["steps_per_window"]
-    assert steps == len(r["compute_s"]) >= 1
-    assert 0.2 < r["windows_s"][0] < 5.0
+    steps = r.steps_per_window
+    assert steps == len(r.compute_s) >= 1
+    assert 0.2 < r.windows_s[0] < 5.0
 
 
 def test_repeats_give_one_window_each(write_sweep):
     trial = one_trial(write_sweep, "measure.repeats=3")
     r = measure_rank(trial, cpu_ctx(trial))
-    assert len(r["windows_s"]) == 3 and len(r["compute_s"]) == 9
+    assert len(r.windows_s) == 3 and len(r.compute_s) == 9
 
 
 def test_local_runner_two_ranks_sum_throughput(write_sweep):
     trial = one_trial(write_sweep, "hardware.cpu_workers=2")
     out = run_local(trial)
-    assert out["status"] == "ok", out.get("error")
-    ranks = out["ranks"]
+    assert out.status == "ok", out.error
+    ranks = out.ranks
     assert [r["rank"] for r in ranks] == [0, 1]
     total = sum(r["samples_per_s"] for r in ranks)
-    assert out["metrics"]["train/samples_per_s"] == pytest.approx(total)
-    assert out["metrics"]["train/global_batch_size"] == 8
+    assert out.metrics["train/samples_per_s"] == pytest.approx(total)
+    assert out.metrics["train/global_batch_size"] == 8
 
 
 def test_a_diverged_run_is_a_row_the_report_does_not_trust(write_sweep):
     # SGD at lr 1e9 turns the weights to inf/nan within a few steps: the step times are real,
     # the run is not training any more
     out = run_local(one_trial(write_sweep, "workload.lr=1e9"))
-    assert out["status"] == "ok", out.get("error")
-    m = out["metrics"]
+    assert out.status == "ok", out.error
+    m = out.metrics
     assert not math.isfinite(m["train/loss_final"]) and m["train/loss_finite"] is False
     assert any("nan/inf" in r for r in validity({"status": "ok", **m}))
-    fine = run_local(one_trial(write_sweep))["metrics"]
+    fine = run_local(one_trial(write_sweep)).metrics
     assert fine["train/loss_finite"] is True
     assert not any("nan/inf" in r for r in validity({"status": "ok", **fine}))
 
@@ -144,7 +144,7 @@ def test_local_runner_gpu_trial_without_gpu_is_infeasible(write_sweep):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     out = run_local(one_trial(write_sweep, "hardware.num_gpus=1"))
-    assert out["status"] == "infeasible" and "needs 1 GPUs" in out["error"]
+    assert out.status == "infeasible" and "needs 1 GPUs" in out.error
 
 
 @pytest.mark.gpu
@@ -153,8 +153,8 @@ def test_cuda_trial_reports_memory(write_sweep, precision):
     trial = one_trial(write_sweep, "hardware.num_gpus=1", f"hardware.precision={precision}",
                       "hardware.channels_last=true")
     out = run_local(trial)
-    assert out["status"] == "ok", out.get("error")
-    m = out["metrics"]
+    assert out.status == "ok", out.error
+    m = out.metrics
     assert m["mem/peak_allocated_mb"] > 0
     assert m["mem/peak_reserved_mb"] >= m["mem/peak_allocated_mb"]
 
@@ -170,8 +170,8 @@ def test_imagefolder_data(write_sweep, tmp_path):
     trial = one_trial(write_sweep, "workload.data=imagefolder",
                       f"workload.data_path={tmp_path / 'imgs'}", "workload.image_size=32")
     r = measure_rank(trial, cpu_ctx(trial))
-    assert len(r["compute_s"]) == 3
-    assert r["describe"]["input_shape"] == [3, 32, 32]
+    assert len(r.compute_s) == 3
+    assert r.describe["input_shape"] == [3, 32, 32]
 
 
 def test_profiler_trace_written_outside_the_window(write_sweep, tmp_path):
@@ -179,13 +179,13 @@ def test_profiler_trace_written_outside_the_window(write_sweep, tmp_path):
 
     trial = one_trial(write_sweep, "measure.profile_steps=2")
     out = run_local(trial, str(tmp_path))
-    assert out["status"] == "ok", out.get("error")
+    assert out.status == "ok", out.error
     path = tmp_path / f"{trial.index:04d}_{trial.key}.trace.json"
-    assert out["records"][0]["trace"] == str(path)
+    assert out.records[0]["trace"] == str(path)
     assert "traceEvents" in json.loads(path.read_text())
-    assert out["metrics"]["train/measured_steps"] == 3  # traced steps are not measured ones
+    assert out.metrics["train/measured_steps"] == 3  # traced steps are not measured ones
     plain = run_local(one_trial(write_sweep), str(tmp_path / "none"))
-    assert plain["records"][0]["trace"] is None and not (tmp_path / "none").exists()
+    assert plain.records[0]["trace"] is None and not (tmp_path / "none").exists()
 
 
 class _Sleeper:
@@ -234,10 +234,10 @@ def test_window_sync_through_a_real_trial(write_sweep):
         assert trial.to_dict()["measure"]["sync"] == sync  # recorded in the row's config
         rec[sync] = measure_rank(trial, cpu_ctx(trial))
     for r in rec.values():
-        assert len(r["compute_s"]) == len(r["wait_s"]) == 6 and min(r["compute_s"]) > 0
+        assert len(r.compute_s) == len(r.wait_s) == 6 and min(r.compute_s) > 0
         # the steps tile the window: nothing of it is left out of the step times
-        steps_s = sum(r["wait_s"]) + sum(r["compute_s"])
-        assert steps_s == pytest.approx(sum(r["windows_s"]), rel=0.03)
+        steps_s = sum(r.wait_s) + sum(r.compute_s)
+        assert steps_s == pytest.approx(sum(r.windows_s), rel=0.03)
 
 
 def test_window_sync_is_refused_for_epoch_workloads(write_sweep):
@@ -259,7 +259,7 @@ def test_window_sync_on_gpu_keeps_the_run_ahead(write_sweep):
         ctx = WorkerContext(0, 0, 1, 0, torch.device("cuda", 0), trial.hardware)
         rec[sync] = measure_rank(trial, ctx)
     win = rec["window"]
-    total = sum(win["wait_s"]) + sum(win["compute_s"])
-    assert total == pytest.approx(sum(win["windows_s"]), rel=0.05)
-    rate = {s: len(r["compute_s"]) / sum(r["windows_s"]) for s, r in rec.items()}
+    total = sum(win.wait_s) + sum(win.compute_s)
+    assert total == pytest.approx(sum(win.windows_s), rel=0.05)
+    rate = {s: len(r.compute_s) / sum(r.windows_s) for s, r in rec.items()}
     assert rate["window"] >= 0.97 * rate["step"]

@@ -206,8 +206,8 @@ def test_detector_learns_on_synthetic_chips(tmp_path):
     before = untrained.end_epoch(trial.workload.epochs - 1)  # the last epoch: always scored
 
     out = run_local(trial, str(tmp_path / "trials"))
-    assert out["status"] == "ok", out.get("error")
-    m = out["metrics"]
+    assert out.status == "ok", out.error
+    m = out.metrics
     print({k: v for k, v in m.items() if k.startswith(("xview3/", "det/", "train/epoch"))},
           "untrained:", before)
     assert m["xview3/detection_f1"] >= 0.5
@@ -223,15 +223,15 @@ def test_detector_learns_on_synthetic_chips(tmp_path):
 
     # Served: the kept weights through the Offline scenario, gated on the xView3 aggregate of
     # a pass over every validation chip; it is the figure training's evaluation gave them.
-    val_chips = out["records"][0]["describe"]["val_chips"]
+    val_chips = out.records[0]["describe"]["val_chips"]
     ckpt = next((tmp_path / "trials").glob("*/checkpoint/model.pt"))
     target = (before["xview3/aggregate"] + m["xview3/aggregate"]) / 2
     served = expand(load_sweep(ROOT / "sweeps" / "xview3_cpu.yaml", [
         *sets, f"workload.checkpoint={ckpt}", "inference.samples=32",
         "inference.project_samples=13368", f"inference.accuracy_target={target}"]))[0]
     out = run_local(served, str(tmp_path / "served"))
-    assert out["status"] == "ok", out.get("error")
-    s = out["metrics"]
+    assert out.status == "ok", out.error
+    s = out.metrics
     print({k: v for k, v in s.items() if k.startswith("infer/")})
     assert s["infer/accuracy_metric"] == "xview3/aggregate" and s["infer/accuracy_ok"] is True
     assert s["infer/accuracy"] == pytest.approx(m["xview3/aggregate"], abs=1e-9)

@@ -18,6 +18,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from raybench.records import TrialOutcome
+
 log = logging.getLogger(__name__)
 
 
@@ -98,7 +100,7 @@ def check_inputs(spec: PreprocessSpec) -> tuple[str, str] | None:
     return None
 
 
-def run_stage(spec: PreprocessSpec, run_dir: Path) -> dict[str, Any]:
+def run_stage(spec: PreprocessSpec, run_dir: Path) -> TrialOutcome:
     """Chip (or find cached) scenes; returns the stage row's fields. Needs Ray connected."""
     from raybench.data.chip import chip_scenes
     from raybench.data.chipread import ChipParams
@@ -115,11 +117,11 @@ def run_stage(spec: PreprocessSpec, run_dir: Path) -> dict[str, Any]:
     cached = summary["chips"] == 0 and summary["scenes_skipped_done"] > 0
     log.info("preprocess: %s chips in %s (%s)", summary["chips_total"], out,
              "cached" if cached else f"{summary['chips_per_s'] or 0:.1f} chips/s")
-    return {
-        "status": "ok" if not summary["errors"] else "error",
-        "error": json.dumps(summary["errors"]) if summary["errors"] else None,
-        "config": stage_config(spec),
-        "metrics": {
+    return TrialOutcome(
+        status="ok" if not summary["errors"] else "error",
+        error=json.dumps(summary["errors"]) if summary["errors"] else None,
+        config=stage_config(spec),
+        metrics={
             "preprocess/chips": summary["chips"],
             "preprocess/chips_total": summary["chips_total"],
             "preprocess/chips_per_s": summary["chips_per_s"],
@@ -130,8 +132,8 @@ def run_stage(spec: PreprocessSpec, run_dir: Path) -> dict[str, Any]:
             "preprocess/peak_rss_mb_driver": summary["peak_rss_mb_driver"],
             "preprocess/cached": cached,
         },
-        "output": str(out),
-    }
+        output=str(out),
+    )
 
 
 def prepare_local(spec: PreprocessSpec, chip: bool = True) -> Path:

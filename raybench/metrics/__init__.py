@@ -17,26 +17,31 @@ import numpy as np
 
 from raybench import workloads
 from raybench.flops import mfu
+from raybench.records import RankRecord, TrialOutcome
 
 PERCENTILES = (50, 90, 95, 99)
 INPUT_BOUND_PCT = 20.0  # waiting for data beyond this share of step time: the input is the limit
 SLOW_RANK_PCT = 10.0  # a rank's own compute this far above the median rank's: a slow device
 
 
-def outcome(records: list[dict[str, Any]] | None) -> dict[str, Any]:
-    """A finished trial's result fields from rank 0's gathered records."""
+Records = list[RankRecord] | list[dict[str, Any]]
+
+
+def outcome(records: Records | None) -> TrialOutcome:
+    """A finished trial's outcome from rank 0's gathered records."""
     if not records:
-        return {"status": "error", "error": "rank 0 returned no measurements", "metrics": {}}
-    return {"status": "ok", "error": None, "metrics": summarize(records),
-            "ranks": per_rank_table(records), "records": records}
+        return TrialOutcome.failed("error", "rank 0 returned no measurements")
+    records = [RankRecord.of(r) for r in records]
+    return TrialOutcome(status="ok", metrics=summarize(records), ranks=per_rank_table(records),
+                        records=[r.to_dict() for r in records])
 
 
-def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
+def summarize(records: Records) -> dict[str, Any]:
     """Metrics of one trial from every rank's record (see worker.measure_rank)."""
-    records = sorted(records, key=lambda r: r["rank"])
+    records = sorted((RankRecord.of(r) for r in records), key=lambda r: r.rank)
     step_ms = np.concatenate([_step_ms(r) for r in records])
-    wait_ms = np.concatenate([np.asarray(r["wait_s"]) * 1e3 for r in records])
-    compute_ms = np.concatenate([np.asarray(r["compute_s"]) * 1e3 for r in records])
+    wait_ms = np.concatenate([np.asarray(r.wait_s) * 1e3 for r in records])
+    compute_ms = np.concatenate([np.asarray(r.compute_s) * 1e3 for r in records])
     per_rank = [_rank_throughput(r) for r in records]
     repeats = _repeat_throughputs(records)
     rank_means = [float(_step_ms(r).mean()) for r in records]
@@ -44,10 +49,10 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     std = float(step_ms.std(ddof=1)) if step_ms.size > 1 else 0.0
     first = records[0]
     out: dict[str, Any] = {
-        "device": device_column(r["device_name"] for r in records),
+        "device": device_column(r.device_name for r in records),
         "train/samples_per_s": float(sum(per_rank)),
         "train/samples_per_s_per_worker": float(sum(per_rank) / len(per_rank)),
-        "train/global_batch_size": int(sum(r["samples_per_step"] for r in records)),
+        "train/global_batch_size": int(sum(r.samples_per_step for r in records)),
         "train/world_size": len(records),
         "train/step_time_mean_ms": mean,
         "train/step_time_std_ms": std,
@@ -58,11 +63,11 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         "train/data_wait_pct": 100.0 * float(wait_ms.sum() / step_ms.sum()),
         "train/rank_skew_pct": 100.0 * (max(rank_means) / min(rank_means) - 1.0),
         "train/repeat_cv_pct": _cv(repeats),
-        "train/measured_steps": int(len(first["compute_s"])),
-        "train/measured_s": float(max(sum(r["windows_s"]) for r in records)),
-        "train/warmup_s": float(max(sum(r["warmup_s"]) for r in records)),
-        "train/setup_s": float(max(r["setup_s"] for r in records)),
-        "train/loss_final": first["loss_final"],
+        "train/measured_steps": int(len(first.compute_s)),
+        "train/measured_s": float(max(sum(r.windows_s) for r in records)),
+        "train/warmup_s": float(max(sum(r.warmup_s) for r in records)),
+        "train/setup_s": float(max(r.setup_s for r in records)),
+        "train/loss_final": first.loss_final,
         "train/loss_finite": loss_finite(records),
         "mem/peak_allocated_mb": _max(records, "peak_allocated_mb"),
         "mem/peak_reserved_mb": _max(records, "peak_reserved_mb"),
@@ -70,33 +75,33 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         "mem/reserved_mb": _max(records, "reserved_mb"),
         "host/rss_peak_mb": _max(records, "rss_peak_mb"),
         # 100 = one core busy, per rank process
-        "host/cpu_util_pct": float(np.mean([r["cpu_util_pct"] for r in records]))
-        if all(r.get("cpu_util_pct") is not None for r in records) else None,
-        "model/params_m": first["params"] / 1e6,
+        "host/cpu_util_pct": float(np.mean([r.cpu_util_pct for r in records]))
+        if all(r.cpu_util_pct is not None for r in records) else None,
+        "model/params_m": first.params / 1e6,
         # where the ranks ran: distinct nodes, and each rank's node/GPU in rank order
-        "cluster/nodes_used": len({r.get("node_id") or r["hostname"] for r in records}),
-        "cluster/rank_nodes": ",".join(str(r.get("node_ip") or r["hostname"]) for r in records),
-        "cluster/rank_gpus": ",".join("+".join(r.get("accelerator_ids") or []) or "-"
+        "cluster/nodes_used": len({r.node_id or r.hostname for r in records}),
+        "cluster/rank_nodes": ",".join(str(r.node_ip or r.hostname) for r in records),
+        "cluster/rank_gpus": ",".join("+".join(r.accelerator_ids or []) or "-"
                                       for r in records),
-        "model/size_mb": first["model_size_mb"],
+        "model/size_mb": first.model_size_mb,
     }
-    for name in sorted({n for r in records for n in r.get("phase_s", {})}):
-        ms = np.concatenate([np.asarray(r["phase_s"].get(name, [])) * 1e3 for r in records])
+    for name in sorted({n for r in records for n in r.phase_s}):
+        ms = np.concatenate([np.asarray(r.phase_s.get(name, [])) * 1e3 for r in records])
         out[f"train/{name}_mean_ms"] = float(ms.mean())
         out[f"train/{name}_std_ms"] = float(ms.std(ddof=1)) if ms.size > 1 else 0.0
         out[f"train/{name}_p50_ms"] = float(np.median(ms))
     out["train/input_bound"] = out["train/data_wait_pct"] > INPUT_BOUND_PCT
-    achieved, util = mfu(first.get("flops_per_sample"), out["train/samples_per_s_per_worker"],
-                         first.get("device_name"), first.get("precision", "fp32"))
-    out["perf/gflops_per_sample"] = (first["flops_per_sample"] / 1e9
-                                     if first.get("flops_per_sample") else None)
+    achieved, util = mfu(first.flops_per_sample, out["train/samples_per_s_per_worker"],
+                         first.device_name, first.precision)
+    out["perf/gflops_per_sample"] = (first.flops_per_sample / 1e9
+                                     if first.flops_per_sample else None)
     out["perf/achieved_tflops_per_gpu"] = achieved  # per rank; on CPU ranks too
     out["perf/mfu_pct"] = 100.0 * util if util is not None else None
     out.update(gpu_telemetry(records))
     out.update(own_compute(records))
-    out.update(epoch_metrics(first.get("epochs")))
-    if first.get("workload"):  # the workload's own figures (records of older runs lack it)
-        cls = workloads.get(first["workload"])
+    out.update(epoch_metrics(first.epochs))
+    if first.workload:  # the workload's own figures (records of older runs lack it)
+        cls = workloads.get(first.workload)
         out["eval/accuracy_metric"] = cls.accuracy_metric
         out.update(cls.row_metrics(records, out))
     return out
@@ -108,11 +113,12 @@ def device_column(names: Iterable[str]) -> str:
     return ",".join(sorted(set(names)))
 
 
-def own_compute(records: list[dict[str, Any]]) -> dict[str, Any]:
+def own_compute(records: Records) -> dict[str, Any]:
     """Each DDP rank's own forward + backward (median per step), apart from waiting for the
     others: DDP's all-reduce makes step times equal, so only this shows a slow device. Ranks
     more than SLOW_RANK_PCT above the median rank are named. Empty without DDP training."""
-    own = {r["rank"]: float(np.median(r["own_s"])) * 1e3 for r in records if r.get("own_s")}
+    records = [RankRecord.of(r) for r in records]
+    own = {r.rank: float(np.median(r.own_s)) * 1e3 for r in records if r.own_s}
     if len(own) < 2 or len(own) != len(records):
         return {}
     median = float(np.median(list(own.values())))
@@ -122,12 +128,13 @@ def own_compute(records: list[dict[str, Any]]) -> dict[str, Any]:
             "train/slow_ranks": ",".join(map(str, slow))}
 
 
-def loss_finite(records: list[dict[str, Any]]) -> bool | None:
+def loss_finite(records: Records) -> bool | None:
     """Whether every rank's last loss is a number (None: the workload has no loss). Kept as its
     own column because the results file stores nan/inf as null, which reads as "no loss"; a
     diverged run's step times are real, but they are not the times of a training run."""
-    losses = [r["loss_final"] for r in records if r.get("loss_final") is not None]
-    epochs = [e["loss"] for r in records for e in r.get("epochs") or []
+    records = [RankRecord.of(r) for r in records]
+    losses = [r.loss_final for r in records if r.loss_final is not None]
+    epochs = [e["loss"] for r in records for e in r.epochs or []
               if e.get("loss") is not None]
     if not losses and not epochs:
         return None
@@ -151,17 +158,18 @@ def epoch_metrics(epochs: list[dict[str, Any]] | None) -> dict[str, Any]:
     return out
 
 
-def gpu_telemetry(records: list[dict[str, Any]]) -> dict[str, Any]:
+def gpu_telemetry(records: Records) -> dict[str, Any]:
     """Every rank's GPU figures combined: means of means, maxima, energy summed; empty columns
     (None) where no rank had telemetry, so CPU rows keep the same schema."""
-    gpus = [r["gpu"] for r in records if r.get("gpu")]
+    records = [RankRecord.of(r) for r in records]
+    gpus = [r.gpu for r in records if r.gpu]
 
     def pick(key: str, how) -> float | None:
         vals = [g[key] for g in gpus if g.get(key) is not None]
         return float(how(vals)) if vals else None
 
     energy = pick("energy_j", sum)
-    samples = sum(r["samples_per_step"] * len(r["compute_s"]) for r in records)
+    samples = sum(r.samples_per_step * len(r.compute_s) for r in records)
     return {
         "gpu/util_mean_pct": pick("util_mean_pct", statistics.mean),
         "gpu/util_max_pct": pick("util_max_pct", max),
@@ -178,38 +186,39 @@ def gpu_telemetry(records: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def per_rank_table(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def per_rank_table(records: Records) -> list[dict[str, Any]]:
     """Where each rank ran and how fast: for spotting slow nodes and GPUs."""
+    records = [RankRecord.of(r) for r in records]
     return [
         {
-            "rank": r["rank"], "node_rank": r["node_rank"], "local_rank": r["local_rank"],
-            "hostname": r["hostname"], "node_id": r.get("node_id"), "node_ip": r.get("node_ip"),
-            "accelerator_ids": ",".join(r.get("accelerator_ids") or []),
-            "device": r["device"], "device_name": r["device_name"],
+            "rank": r.rank, "node_rank": r.node_rank, "local_rank": r.local_rank,
+            "hostname": r.hostname, "node_id": r.node_id, "node_ip": r.node_ip,
+            "accelerator_ids": ",".join(r.accelerator_ids or []),
+            "device": r.device, "device_name": r.device_name,
             "samples_per_s": _rank_throughput(r),
             "step_time_mean_ms": float(_step_ms(r).mean()),
-            "data_wait_mean_ms": float(np.mean(r["wait_s"]) * 1e3),
-            "own_compute_ms": float(np.median(r["own_s"])) * 1e3 if r.get("own_s") else None,
+            "data_wait_mean_ms": float(np.mean(r.wait_s) * 1e3),
+            "own_compute_ms": float(np.median(r.own_s)) * 1e3 if r.own_s else None,
         }
-        for r in sorted(records, key=lambda r: r["rank"])
+        for r in sorted(records, key=lambda r: r.rank)
     ]
 
 
-def _step_ms(r: dict[str, Any]) -> np.ndarray:
-    return (np.asarray(r["wait_s"]) + np.asarray(r["compute_s"])) * 1e3
+def _step_ms(r: RankRecord) -> np.ndarray:
+    return (np.asarray(r.wait_s) + np.asarray(r.compute_s)) * 1e3
 
 
-def _rank_throughput(r: dict[str, Any]) -> float:
+def _rank_throughput(r: RankRecord) -> float:
     """Samples this rank processed over the wall time of its measured windows."""
-    samples = r["samples_per_step"] * len(r["compute_s"])
-    return samples / sum(r["windows_s"])
+    samples = r.samples_per_step * len(r.compute_s)
+    return samples / sum(r.windows_s)
 
 
-def _repeat_throughputs(records: list[dict[str, Any]]) -> list[float]:
-    n = len(records[0]["windows_s"])
+def _repeat_throughputs(records: list[RankRecord]) -> list[float]:
+    n = len(records[0].windows_s)
     return [
-        sum(r["samples_per_step"] * r.get("window_steps", [r["steps_per_window"]] * n)[i]
-            / r["windows_s"][i] for r in records)
+        sum(r.samples_per_step * (r.window_steps or [r.steps_per_window] * n)[i]
+            / r.windows_s[i] for r in records)
         for i in range(n)
     ]
 
@@ -220,6 +229,6 @@ def _cv(values: list[float]) -> float | None:
     return 100.0 * statistics.stdev(values) / statistics.mean(values)
 
 
-def _max(records: list[dict[str, Any]], key: str) -> float | None:
-    values = [r[key] for r in records if r.get(key) is not None]
+def _max(records: list[RankRecord], key: str) -> float | None:
+    values = [getattr(r, key) for r in records if getattr(r, key) is not None]
     return float(max(values)) if values else None

@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from raybench.grid import TrialSpec
+from raybench.records import TrialOutcome
 from raybench.spec import SweepSpec
 
-Outcome = dict[str, Any]  # {status, error, metrics, ranks, records, start_time, end_time}
-Done = Callable[[TrialSpec, Outcome], None]
+Done = Callable[[TrialSpec, TrialOutcome], None]
 
 RUNNERS = {"ray": "raybench.runners.on_ray:RayRunner",
            "local": "raybench.runners.local:LocalRunner"}

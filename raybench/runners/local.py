@@ -20,6 +20,7 @@ from raybench import metrics
 from raybench.context import WorkerContext
 from raybench.failures import failure
 from raybench.grid import TrialSpec, artifact_dir, trace_path
+from raybench.records import TrialOutcome
 from raybench.results import now
 from raybench.runners import Done, Runner
 from raybench.worker import run_worker
@@ -44,11 +45,11 @@ class LocalRunner(Runner):
         for trial in trials:
             start = now()
             outcome = run_local(trial, str(self.out / "trials"))
-            outcome.update(start_time=start, end_time=now())
+            outcome.start_time, outcome.end_time = start, now()
             done(trial, outcome)
 
 
-def run_local(trial: TrialSpec, trace_dir: str | None = None) -> dict[str, Any]:
+def run_local(trial: TrialSpec, trace_dir: str | None = None) -> TrialOutcome:
     """One trial in this process (or spawned ranks); returns the same fields as trial.run_trial."""
     if trial.inference is not None:
         from raybench.scenarios.run import run_trial as run_scenario
@@ -58,7 +59,7 @@ def run_local(trial: TrialSpec, trace_dir: str | None = None) -> dict[str, Any]:
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if hw.num_gpus > gpus:
         why = f"needs {hw.num_gpus} GPUs but this machine has {gpus}"
-        return {"status": "infeasible", "error": why, "metrics": {}}
+        return TrialOutcome.failed("infeasible", why)
     try:
         if hw.world_size == 1:
             device = torch.device("cuda", 0) if hw.use_gpu else torch.device("cpu")
@@ -98,7 +99,7 @@ def _rank_main(rank: int, trial_dict: dict[str, Any], port: int, result: str,
                             artifact_dir=artifact_dir(trace_dir, trial))
         records = run_worker(trial, ctx)
         if rank == 0:
-            Path(result).write_text(json.dumps(records))
+            Path(result).write_text(json.dumps([r.to_dict() for r in records]))
         # Rank 0 hosts the group's store: a rank that tears its group down after rank 0 has
         # exited aborted ("terminate called without an active exception", seen under load).
         torch.distributed.barrier()

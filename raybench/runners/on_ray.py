@@ -17,6 +17,7 @@ from typing import Any
 
 from raybench import cluster, plan
 from raybench.grid import TrialSpec
+from raybench.records import TrialOutcome
 from raybench.results import now, storage_uri
 from raybench.runners import Done, Runner
 from raybench.spec import SpecError
@@ -83,7 +84,7 @@ def _scenarios(spec, trials: list[TrialSpec], done: Done) -> None:
         start = now()
         outcome = run_scenario(t, "ray", spec.execution.start_timeout_s,
                                spec.execution.logical_gpus)
-        outcome.update(start_time=start, end_time=now())
+        outcome.start_time, outcome.end_time = start, now()
         done(t, outcome)
 
 
@@ -114,21 +115,21 @@ def _tune(spec, trials: list[TrialSpec], out: Path, done: Done, name: str,
         trial = TrialSpec.from_dict(trial_dicts[config["trial"]])
         start = now()
         outcome = run_trial(trial, storage, trials_dir, execution, cwd, strategies[trial.key])
-        outcome.update(start_time=start, end_time=now())
-        tune.report({"raybench_outcome": json.dumps(outcome)})
+        outcome.start_time, outcome.end_time = start, now()
+        tune.report({"raybench_outcome": json.dumps(outcome.to_dict())})
 
     reported: set[int] = set()
 
     class Writer(tune.Callback):
         def on_trial_result(self, iteration, trials, trial, result, **info):
             reported.add(trial.config["trial"])
-            done(by_index[trial.config["trial"]], json.loads(result["raybench_outcome"]))
+            done(by_index[trial.config["trial"]],
+                 TrialOutcome.from_dict(json.loads(result["raybench_outcome"])))
 
         def on_trial_error(self, iteration, trials, trial, **info):
             if trial.config["trial"] not in reported:
-                done(by_index[trial.config["trial"]],
-                     {"status": "error", "metrics": {},
-                      "error": f"Tune trial failed: {_read(trial.error_file)}"})
+                done(by_index[trial.config["trial"]], TrialOutcome.failed(
+                    "error", f"Tune trial failed: {_read(trial.error_file)}"))
 
     by_index = {i: t for i, t in enumerate(trials)}
     tuner = tune.Tuner(

@@ -18,6 +18,7 @@ import torch
 from raybench import workloads
 from raybench.failures import failure
 from raybench.grid import TrialSpec
+from raybench.records import TrialOutcome
 from raybench.scenarios import offline, server
 from raybench.scenarios.replica import Replica
 
@@ -25,7 +26,7 @@ QUERY_POOL = 64  # distinct query inputs a Server run cycles through (made once,
 
 
 def run_trial(trial: TrialSpec, runner: str, start_timeout_s: float = 30.0,
-              logical_gpus: bool = False) -> dict[str, Any]:
+              logical_gpus: bool = False) -> TrialOutcome:
     """`logical_gpus` (Ray only): GPUs are placement tokens, replicas compute on CPU."""
     try:
         if trial.inference.scenario == "offline":
@@ -34,7 +35,7 @@ def run_trial(trial: TrialSpec, runner: str, start_timeout_s: float = 30.0,
             else:
                 records, stats = offline.run_local(trial, _local_devices(trial))
             metrics = offline.summarize(records, stats, trial)
-            return {"status": "ok", "metrics": metrics, "records": records, "ranks": stats}
+            return TrialOutcome(status="ok", metrics=metrics, records=records, ranks=stats)
         if runner == "ray":
             return _server_ray(trial, start_timeout_s, logical_gpus)
         return _server_local(trial)
@@ -60,7 +61,7 @@ def query_ids(trial: TrialSpec, k: int) -> np.ndarray:
 
 
 def server_outcome(trial: TrialSpec, best: dict[str, Any] | None, probes: list[dict[str, Any]],
-                   stats: list[dict[str, Any]], capacity: float) -> dict[str, Any]:
+                   stats: list[dict[str, Any]], capacity: float) -> TrialOutcome:
     """Row metrics of a Server run (pure): the rate found (or run) and its latencies."""
     inf = trial.inference
     shown = best or probes[-1]
@@ -93,7 +94,7 @@ def server_outcome(trial: TrialSpec, best: dict[str, Any] | None, probes: list[d
     records = [{"probe": [_plain(p) for p in probes],
                 "latency_ms": [None if not np.isfinite(x) else round(float(x) * 1e3, 4)
                                for x in lat]}]
-    return {"status": "ok", "metrics": metrics, "records": records, "ranks": stats}
+    return TrialOutcome(status="ok", metrics=metrics, records=records, ranks=stats)
 
 
 def _plain(probe: dict[str, Any]) -> dict[str, Any]:
@@ -123,7 +124,7 @@ def _query_inputs(trial: TrialSpec) -> list[dict[str, np.ndarray]]:
     return [cls.serving_inputs(trial.workload, query_ids(trial, k)) for k in range(QUERY_POOL)]
 
 
-def _server_local(trial: TrialSpec) -> dict[str, Any]:
+def _server_local(trial: TrialSpec) -> TrialOutcome:
     # Warmup calls carry batch_size samples; a query carries query_samples.
     trial = _query_sized(trial)
     replicas = [Replica(trial, i, d) for i, d in enumerate(_local_devices(trial))]
@@ -167,7 +168,7 @@ class _RayServerReplica(Replica):
 
 
 def _server_ray(trial: TrialSpec, start_timeout_s: float, logical_gpus: bool
-                ) -> dict[str, Any]:
+                ) -> TrialOutcome:
     import ray
 
     trial = _query_sized(trial)

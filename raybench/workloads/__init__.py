@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     import torch
 
     from raybench.context import WorkerContext
+    from raybench.records import RankRecord
 
 
 class WorkloadParams(BaseModel):
@@ -114,7 +115,7 @@ class Workload(ABC):
 
     # Hooks: what the core asks a workload instead of naming it.
     @classmethod
-    def row_metrics(cls, records: list[dict[str, Any]], row: dict[str, Any]) -> dict[str, Any]:
+    def row_metrics(cls, records: list[RankRecord], row: dict[str, Any]) -> dict[str, Any]:
         """This workload's own row metrics from every rank's record (its `describe()` facts are
         in each) and the core metrics already computed; keys `namespace/quantity_unit`."""
         return {}

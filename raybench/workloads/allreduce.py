@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from pydantic import Field
 
+from raybench.records import RankRecord
 from raybench.workloads import Workload, WorkloadParams, register
 
 
@@ -65,13 +66,13 @@ class Allreduce(Workload):
         return {"message_bytes": self.buffer.numel() * 4}
 
     @classmethod
-    def row_metrics(cls, records: list[dict[str, Any]], row: dict[str, Any]) -> dict[str, Any]:
+    def row_metrics(cls, records: list[RankRecord], row: dict[str, Any]) -> dict[str, Any]:
         """nccl-tests' definitions: algbw = bytes / time per operation, busbw = algbw x
         2(n-1)/n. Time is the median compute time of a step over its operations."""
-        message_bytes = records[0]["describe"]["message_bytes"]
+        message_bytes = records[0].describe["message_bytes"]
         n = len(records)
-        ops = records[0]["samples_per_step"]
-        step_s = float(np.median(np.concatenate([np.asarray(r["compute_s"]) for r in records])))
+        ops = records[0].samples_per_step
+        step_s = float(np.median(np.concatenate([np.asarray(r.compute_s) for r in records])))
         algbw = message_bytes / (step_s / ops) / 1e9
         return {"comm/message_mb": message_bytes / 2**20,
                 "comm/time_per_op_us": step_s / ops * 1e6,

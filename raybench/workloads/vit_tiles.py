@@ -19,6 +19,7 @@ import torch
 from pydantic import Field, model_validator
 from torch import nn
 
+from raybench.records import RankRecord
 from raybench.workloads import Servable, WorkloadParams, register
 
 # (embed dim, depth, heads): ViT-Ti/B/L/H. Prithvi-EO 1.0 is a ViT-B (~100M), Prithvi-EO 2.0
@@ -214,10 +215,10 @@ class VitTiles(Servable):
         return {"input_shape": [p.bands, p.tile, p.tile], "pixels_per_sample": p.tile * p.tile}
 
     @classmethod
-    def row_metrics(cls, records: list[dict[str, Any]], row: dict[str, Any]) -> dict[str, Any]:
+    def row_metrics(cls, records: list[RankRecord], row: dict[str, Any]) -> dict[str, Any]:
         """Tiles of different sizes are not the same sample: pixels/s compares them, and per MB
         of the memory that limits the tile (device peak on GPU, process peak on CPU)."""
-        pixels = records[0]["describe"]["pixels_per_sample"]
+        pixels = records[0].describe["pixels_per_sample"]
         px_s = row["train/samples_per_s"] * pixels
         peak = row["mem/peak_allocated_mb"] or row["host/rss_peak_mb"]
         return {"train/pixels_per_s": px_s,

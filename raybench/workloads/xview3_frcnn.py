@@ -33,6 +33,7 @@ from torch import nn
 from raybench.data import xview3 as x3
 from raybench.data.chipset import ChipSet, chip_params_of, collate
 from raybench.data.stage import GenerateSpec
+from raybench.records import RankRecord
 from raybench.workloads import EpochWorkload, Servable, WorkloadParams, register
 
 log = logging.getLogger(__name__)
@@ -230,9 +231,9 @@ class Xview3Frcnn(EpochWorkload, Servable):
     accuracy_metric = "xview3/aggregate"
 
     @classmethod
-    def row_metrics(cls, records: list[dict[str, Any]], row: dict[str, Any]) -> dict[str, Any]:
+    def row_metrics(cls, records: list[RankRecord], row: dict[str, Any]) -> dict[str, Any]:
         """The best epoch's aggregate beside the last one's (the row's own figure)."""
-        scored = [e for e in records[0].get("epochs") or []
+        scored = [e for e in records[0].epochs or []
                   if e.get("xview3/aggregate") is not None]
         if not scored:
             return {}

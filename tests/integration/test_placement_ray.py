@@ -26,23 +26,38 @@ def test_sweep_files_exist():
                                         "laptop_rtx3080ti.yaml", "h100.yaml"}
 
 
-@pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.name)
-def test_sweep_plans_on_a_cluster_shaped_like_its_system(path: Path):
-    spec = load_sweep(path)
-    trials = expand(spec)
-    assert trials or spec.preprocess is not None
-    sysspec = spec.system
+def _shape(path: Path) -> tuple[int, int, int]:
+    system = load_sweep(path).system
+    return system.nodes, system.cpus_per_node or 4, system.gpus_per_node
+
+
+SHAPES = sorted({_shape(p) for p in SWEEPS})
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}cpu{s[2]}gpu")
+def test_sweep_plans_on_a_cluster_shaped_like_its_system(shape: tuple[int, int, int]):
+    """One Ray cluster per system shape, every sweep file of that shape planned against it."""
+    n_nodes, cpus, gpus = shape
     c = Cluster()
     try:
-        for _ in range(sysspec.nodes):
-            c.add_node(num_cpus=sysspec.cpus_per_node or 4, num_gpus=sysspec.gpus_per_node)
+        for _ in range(n_nodes):
+            c.add_node(num_cpus=cpus, num_gpus=gpus)
         ray.init(address=c.address)
         nodes = cluster.nodes()
-        assert len(nodes) == sysspec.nodes
-        assert [placement(t, nodes) for t in trials] == [None] * len(trials)
+        assert len(nodes) == n_nodes
+        paths = [p for p in SWEEPS if _shape(p) == shape]
+        for path in paths:
+            spec = load_sweep(path)
+            trials = expand(spec)
+            assert trials or spec.preprocess is not None, path.name
+            assert [placement(t, nodes) for t in trials] == [None] * len(trials), path.name
     finally:
         ray.shutdown()
         c.shutdown()
+
+
+def test_every_sweep_file_is_planned():
+    assert sum(_shape(p) in SHAPES for p in SWEEPS) == len(SWEEPS) > 20
 
 
 def test_blocked_worker_group_gives_up_quickly(tmp_path, write_sweep):
@@ -62,6 +77,6 @@ def test_blocked_worker_group_gives_up_quickly(tmp_path, write_sweep):
         remove_placement_group(hog)
     finally:
         ray.shutdown()
-    assert out["status"] == "infeasible", out
-    assert "could not be placed" in out["error"] and "'CPU': 1.0" in out["error"]
+    assert out.status == "infeasible", out
+    assert "could not be placed" in out.error and "'CPU': 1.0" in out.error
     assert elapsed < 45

@@ -68,8 +68,8 @@ def test_server_search_finds_the_known_limit_of_a_fixed_service_time():
                  latency_bound_ms=25.0, probe_seconds=0.1, min_queries=400,
                  rate_tolerance_pct=2.0)
     out = run_trial(t, "local")
-    assert out["status"] == "ok", out.get("error")
-    m = out["metrics"]
+    assert out.status == "ok", out.error
+    m = out.metrics
     service_ms = m["server/service_mean_ms"]
     # The replica's time is what was asked. Its sleep only overshoots: by ~0.1 ms on an idle
     # 2-core VM, 0.32 ms in a CI run where every test took 1.8x its usual time.
@@ -96,8 +96,8 @@ def test_server_dynamic_batching_finds_the_known_limit_of_a_batching_queue():
                  scenario="server", latency_bound_ms=50.0, probe_seconds=0.1, min_queries=600,
                  rate_tolerance_pct=5.0, max_batch_queries=8)
     out = run_trial(t, "local")
-    assert out["status"] == "ok", out.get("error")
-    m = out["metrics"]
+    assert out.status == "ok", out.error
+    m = out.metrics
     known = path_limit(server.unit_gaps(0, 600), lambda n: (10.0 + n) / 1e3, 0.050, 99.0, 8)
     found = m["server/rate_qps"]
     print({"found": found, "known": known, "per_call": m["server/queries_per_call"],
@@ -116,8 +116,8 @@ def test_offline_throughput_of_fixed_service_replicas_is_what_theory_says():
     rates = []
     for t in trials:
         out = run_trial(t, "local")
-        m = out["metrics"]
-        assert out["status"] == "ok" and m["infer/samples"] == 160
+        m = out.metrics
+        assert out.status == "ok" and m["infer/samples"] == 160
         assert m["infer/replicas_used"] == t.inference.replicas
         assert m["infer/replica_samples_per_s_mean"] == pytest.approx(200.0, rel=0.05)
         assert m["infer/projected_s"] == pytest.approx(
@@ -140,8 +140,8 @@ def test_accuracy_below_target_marks_the_run_invalid():
     rows = []
     for t in trials:
         out = run_trial(t, "local")
-        assert out["status"] == "ok", out.get("error")
-        rows.append({"status": "ok", **out["metrics"]})
+        assert out.status == "ok", out.error
+        rows.append({"status": "ok", **out.metrics})
     fp32, bf16 = rows
     assert fp32["infer/accuracy"] == 1.0 and fp32["infer/accuracy_ok"] is True
     assert fp32["infer/accuracy_compared"] == 64
@@ -163,7 +163,7 @@ def test_language_model_offline_and_server_figures():
     lm = {"name": "decoder_lm", "layers": 2, "width": 64, "heads": 2, "vocab": 512,
           "prompt_tokens": 32, "gen_tokens": 8, "batch_size": 4}
     (off,) = sweep(lm, scenario="offline", samples=32)
-    m = run_trial(off, "local")["metrics"]
+    m = run_trial(off, "local").metrics
     assert m["infer/tokens_per_s"] == pytest.approx(m["infer/samples_per_s"] * 8)
     # prefill (32 tokens) and 7 decode steps through 2 blocks of 49,152 weights, and the head
     # (512 x 64) once per generated token: 2 FLOPs per weight per token; attention adds a few %
@@ -173,8 +173,8 @@ def test_language_model_offline_and_server_figures():
     (srv,) = sweep(lm, scenario="server", rate_qps=20.0, latency_bound_ms=1000.0,
                    probe_seconds=1.0, min_queries=20)
     out = run_trial(srv, "local")
-    m = out["metrics"]
-    assert out["status"] == "ok" and m["server/rate_qps"] == 20.0 and m["server/queries"] == 20
+    m = out.metrics
+    assert out.status == "ok" and m["server/rate_qps"] == 20.0 and m["server/queries"] == 20
     assert 0 < m["server/ttft_p50_ms"] <= m["server/p50_ms"]
     assert 0 < m["server/tpot_p50_ms"] < m["server/p50_ms"]
 

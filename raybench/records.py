@@ -1,0 +1,104 @@
+"""The two records that cross process boundaries, with their fields declared once.
+
+`RankRecord`: what one rank measured in one trial (worker.measure_rank makes it; rank 0 gathers
+every rank's; metrics.summarize reads them). `TrialOutcome`: what became of one trial, whoever
+ran it (a runner, a failure, the sweep loop); results.RowWriter turns it into a row and a trial
+file. Both travel as plain dicts where they cross JSON (Tune's report, the trial file, spawned
+ranks): `to_dict` / `from_dict`, which refuse a field nobody declared. No raybench imports.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Status = Literal["ok", "oom", "error", "timeout", "infeasible", "lost"]
+
+
+def _from_dict(cls: type, d: dict[str, Any]) -> Any:
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - names)
+    if unknown:
+        raise TypeError(f"{cls.__name__} has no field(s) {unknown}; declare them in records.py")
+    return cls(**d)
+
+
+@dataclass(kw_only=True)
+class RankRecord:
+    """One rank's measurements of one trial. Times in seconds, memory in MiB."""
+
+    rank: int
+    samples_per_step: int
+    wait_s: list[float]  # per measured step: waiting for the batch and its copy to the device
+    compute_s: list[float]  # per measured step: the rest of the step
+    windows_s: list[float]  # wall time of each measured window (repeat)
+    workload: str | None = None  # the registered name; records of older runs lack it
+    local_rank: int = 0
+    node_rank: int = 0
+    hostname: str = ""
+    node_id: str | None = None
+    node_ip: str | None = None
+    accelerator_ids: list[str] = field(default_factory=list)
+    pid: int | None = None
+    device: str = "cpu"
+    device_name: str = "cpu"
+    steps_per_window: int = 0
+    window_steps: list[int] | None = None  # steps of each window (epochs differ)
+    epochs: list[dict[str, Any]] | None = None  # epoch-based runs: per-epoch figures
+    warmup_s: list[float] = field(default_factory=list)
+    phase_s: dict[str, list[float]] = field(default_factory=dict)  # ctx.phase(name) per step
+    own_s: list[float] = field(default_factory=list)  # this rank's own forward + backward
+    setup_s: float = 0.0
+    loss_final: float | None = None
+    params: int = 0
+    model_size_mb: float = 0.0
+    rss_peak_mb: float | None = None
+    peak_allocated_mb: float | None = None
+    peak_reserved_mb: float | None = None
+    allocated_mb: float | None = None
+    reserved_mb: float | None = None
+    describe: dict[str, Any] = field(default_factory=dict)  # Workload.describe()
+    precision: str = "fp32"
+    cpu_util_pct: float | None = None  # 100 = one core busy
+    telemetry: list[dict[str, Any]] = field(default_factory=list)  # NVML samples
+    trace: str | None = None  # profiler trace path
+    gpu: dict[str, Any] | None = None  # telemetry.aggregate of the window
+    flops_per_sample: float | None = None  # rank 0 only
+
+    @classmethod
+    def of(cls, r: RankRecord | dict[str, Any]) -> RankRecord:
+        return r if isinstance(r, RankRecord) else _from_dict(cls, r)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(kw_only=True)
+class TrialOutcome:
+    """What became of one trial (or one preprocess stage): the fields of its row and file."""
+
+    status: Status
+    error: str | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)  # `namespace/quantity_unit` -> value
+    ranks: list[dict[str, Any]] = field(default_factory=list)  # per-rank (or replica) table
+    records: list[dict[str, Any]] = field(default_factory=list)  # raw records, as JSON
+    start_time: str | None = None
+    end_time: str | None = None
+    output: str | None = None  # a preprocess stage's output directory
+    config: dict[str, Any] | None = None  # a preprocess stage's configuration
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @classmethod
+    def failed(cls, status: Status, error: str) -> TrialOutcome:
+        return cls(status=status, error=error)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrialOutcome:
+        return _from_dict(cls, d)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
