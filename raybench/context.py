@@ -20,6 +20,15 @@ from torch.utils.data.distributed import DistributedSampler
 
 from raybench.sections import HardwareSpec
 
+
+def process_start() -> float | None:
+    """When this process started (wall clock); None where psutil is not installed."""
+    try:
+        import psutil
+    except ImportError:
+        return None
+    return psutil.Process().create_time()
+
 _AUTOCAST_DTYPES = {"amp_fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -37,6 +46,8 @@ class WorkerContext:
     node_id: str | None = None  # where this rank ran, as the cluster names it (Ray node id/IP)
     node_ip: str | None = None
     accelerator_ids: list[str] = field(default_factory=list)  # GPUs the cluster gave this rank
+    # wall-clock stamps of the rank's start (process, imports, entry), copied into its record
+    stamps: dict[str, float] = field(default_factory=dict)
     sync: str = "step"  # measure.sync: "window" times steps and phases with marks, no host sync
     own_s: list[float] = field(default_factory=list)  # DDP: this rank's compute per step
     _pending: list = field(default_factory=list)  # window mode: (phase, start, end) marks

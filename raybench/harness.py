@@ -73,6 +73,7 @@ def overhead(spec: SweepSpec, trial: TrialSpec, rounds: int) -> dict[str, Any]:
     no_ray = [bare_loop(trial) for _ in range(rounds)]
     started = cluster.connect(None)  # one Ray for all rounds: its start-up is not per trial
     bare, ray_thr, trial_wall, fixed, measured = [], [], [], [], []
+    phases: dict[str, list[float]] = {}
     try:
         for i in range(rounds):
             bare.append(bare_loop(trial))
@@ -86,6 +87,8 @@ def overhead(spec: SweepSpec, trial: TrialSpec, rounds: int) -> dict[str, Any]:
             trial_wall.append(sweep_s)
             measured.append(row["train/measured_s"])
             fixed.append(sweep_s - row["train/measured_s"])
+            for name, value in breakdown(row, sweep_s).items():
+                phases.setdefault(name, []).append(value)
             log.info("round %d: bare %.1f, raybench %.1f samples/s; trial %.1f s (driver "
                      "%.1f s), measured window %.2f s", i, bare[-1], ray_thr[-1], sweep_s, wall,
                      row["train/measured_s"])
@@ -103,7 +106,22 @@ def overhead(spec: SweepSpec, trial: TrialSpec, rounds: int) -> dict[str, Any]:
         "throughput_ratio_vs_no_ray": statistics.median(ray_thr) / statistics.median(no_ray),
         "trial_wall_s": trial_wall, "measured_window_s": measured,
         "fixed_overhead_s_median": statistics.median(fixed),
+        "fixed_cost_breakdown_s_median": {k: round(statistics.median(v), 3)
+                                          for k, v in phases.items()},
     }
+
+
+def breakdown(row: dict[str, Any], sweep_s: float) -> dict[str, float]:
+    """One single-trial sweep's time outside the measured window, by phase (seconds): the
+    trial's own phases from its row (`overhead/*`, metrics.fixed_cost) and `sweep_loop`, what
+    the sweep spent around the trial (Tune's start and end, the run files, the report)."""
+    out = {k.split("/", 1)[1].removesuffix("_s"): float(v) for k, v in row.items()
+           if k.startswith("overhead/") and k != "overhead/fixed_s" and v == v}
+    driver = _seconds(row["start_time"], row["end_time"]) + out.get("report", 0.0)
+    out["sweep_loop"] = sweep_s - driver
+    # what no stamp brackets (a rank's way from its record to its exit, clock steps)
+    out["other"] = sweep_s - row["train/measured_s"] - sum(out.values())
+    return out
 
 
 def _only_row(out: Path) -> dict[str, Any]:

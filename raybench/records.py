@@ -65,6 +65,9 @@ class RankRecord:
     trace: str | None = None  # profiler trace path
     gpu: dict[str, Any] | None = None  # telemetry.aggregate of the window
     flops_per_sample: float | None = None  # rank 0 only
+    # wall-clock times (time.time()) of this rank's way through the trial, for the fixed cost
+    # per trial: process_start, imported, loop_entry, setup_start, setup_end, measure_end, ...
+    stamps: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def of(cls, r: RankRecord | dict[str, Any]) -> RankRecord:
@@ -87,6 +90,8 @@ class TrialOutcome:
     end_time: str | None = None
     output: str | None = None  # a preprocess stage's output directory
     config: dict[str, Any] | None = None  # a preprocess stage's configuration
+    # wall-clock times of the trial's way through its runner (trial_start, fit_start, fit_end)
+    stamps: dict[str, float] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:

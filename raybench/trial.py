@@ -25,7 +25,7 @@ import torch
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from raybench import metrics, workloads
-from raybench.context import WorkerContext
+from raybench.context import WorkerContext, process_start
 from raybench.failures import failure
 from raybench.grid import TrialSpec, artifact_dir, trace_path
 from raybench.plan import NODE_TOKEN
@@ -38,6 +38,10 @@ from raybench.worker import run_worker
 # seconds to every trial. Preemption watching is for spot instances, not benchmark nodes.
 log = logging.getLogger(__name__)
 
+# When this module was first imported in this process: on a Ray Train worker, the end of the
+# imports its train function needs (ray.train, torch, raybench), for the fixed-cost breakdown.
+IMPORTED_AT = time.time()
+
 TRAIN_ENV = {
     "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",
     "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
@@ -47,6 +51,7 @@ TRAIN_ENV = {
 
 def train_loop(config: dict[str, Any]) -> list[RankRecord] | None:
     """Runs on every Ray Train worker; rank 0's return value carries all ranks' records."""
+    entry = time.time()
     trial = TrialSpec.from_dict(config["trial"])
     if config.get("cwd") and os.path.isdir(config["cwd"]):
         # relative paths in a sweep (data, chip caches) mean the sweep's directory, not the
@@ -64,6 +69,7 @@ def train_loop(config: dict[str, Any]) -> list[RankRecord] | None:
         accelerator_ids=[str(g) for g in rt.get_accelerator_ids().get("GPU", [])],
         trace_path=trace_path(config["trace_dir"], trial),
         artifact_dir=artifact_dir(config["trace_dir"], trial),
+        stamps={"process_start": process_start(), "imported": IMPORTED_AT, "loop_entry": entry},
     )
     watchdog = _watchdog(config.get("timeout_s"))
     try:
@@ -79,6 +85,8 @@ def train_loop(config: dict[str, Any]) -> list[RankRecord] | None:
         ray.train.report({"checkpointed": keep},
                          checkpoint=ray.train.Checkpoint.from_directory(str(folder)) if keep
                          else None)
+    if records:  # rank 0: when its part ended, for the teardown that follows
+        records[0].stamps["loop_exit"] = time.time()
     return records
 
 
@@ -102,7 +110,8 @@ def _watchdog(limit_s: float | None) -> threading.Timer | None:
 
 
 def run_trial(trial: TrialSpec, storage: str, trials_dir: str, execution: ExecutionSpec,
-              cwd: str | None = None, strategy: str = "PACK") -> TrialOutcome:
+              cwd: str | None = None, strategy: str = "PACK",
+              trial_start: float | None = None) -> TrialOutcome:
     """Fit one trial; a worker process that died is retried up to `execution.max_retries` times
     on fresh workers. Returns {status, error, metrics, ...} with `trial/retries`, never raises."""
     lost: list[str] = []
@@ -121,6 +130,10 @@ def run_trial(trial: TrialSpec, storage: str, trials_dir: str, execution: Execut
             log.warning("trial %d (%s) lost a worker; retry %d of %d on fresh workers",
                         trial.index, trial.key, len(lost), execution.max_retries)
             continue
+        if trial_start is not None:  # a retried trial's fixed cost includes its lost attempts
+            out.stamps["trial_start"] = trial_start
+        if out.ok:
+            out.metrics.update(metrics.fixed_cost(out.records, out.stamps))
         out.metrics["trial/retries"] = len(lost)
         if lost:
             out.metrics["trial/retry_reasons"] = " | ".join(lost)
@@ -142,6 +155,7 @@ def _attempt(trial: TrialSpec, storage: str, trials_dir: str, execution: Executi
         # the workers of a trial share one node's token between them, so no other trial's
         # workers can join that node (shares rounded down: Ray counts resources in 1e-4 units)
         per_worker[NODE_TOKEN] = int(10_000 / hw.world_size) / 10_000
+    fit_start = time.time()
     trainer = TorchTrainer(
         train_loop,
         # traces and artefacts land beside the trial JSONs, on rank 0's node
@@ -167,7 +181,9 @@ def _attempt(trial: TrialSpec, storage: str, trials_dir: str, execution: Executi
         result = trainer.fit()
     except Exception as e:  # a failed trial is a row, never a lost sweep
         return failure(e, res)
+    fit_end = time.time()
     out = metrics.outcome(result.return_value)
+    out.stamps = {"fit_start": fit_start, "fit_end": fit_end}
     if out.ok:
         out.metrics["cluster/placement_strategy"] = strategy
         out.metrics["cluster/concurrency"] = execution.concurrency

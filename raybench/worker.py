@@ -57,10 +57,12 @@ def measure_rank(trial: TrialSpec, ctx: WorkerContext) -> RankRecord:
         torch.cuda.set_per_process_memory_fraction(
             min(1.0, budget / total) if budget else 1.0, ctx.device)
     workload = workloads.get(trial.workload_name)(trial.workload, ctx)
+    stamps = {**ctx.stamps, "setup_start": time.time()}
     t_setup = time.perf_counter()
     workload.setup()
     batches = workload.batches()
     setup_s = time.perf_counter() - t_setup
+    stamps["setup_end"] = time.time()
 
     m = trial.measure
     sampler = open_sampler(ctx.device.index or 0) if ctx.is_cuda else None
@@ -84,6 +86,7 @@ def measure_rank(trial: TrialSpec, ctx: WorkerContext) -> RankRecord:
         run["warm"] = warm
     warm, wait_s, compute_s, loss = run["warm"], run["wait_s"], run["compute_s"], run["loss"]
     cpu_util = 100.0 * (_cpu_seconds() - cpu0) / (time.perf_counter() - wall0)
+    stamps["measure_end"] = time.time()
     telemetry = sampler.stop() if sampler else []
     memory = _memory(ctx)  # before tracing and FLOP counting, which are not the workload's
     ctx.settle_marks()  # epochs: their steps' own-compute marks
@@ -130,6 +133,7 @@ def measure_rank(trial: TrialSpec, ctx: WorkerContext) -> RankRecord:
         trace=trace,
         gpu=aggregate(telemetry, workload.samples_per_step() * len(compute_s)),
         flops_per_sample=flops,
+        stamps={**stamps, "record_end": time.time()},
     )
 
 

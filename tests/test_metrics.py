@@ -91,3 +91,27 @@ def test_every_row_names_its_device():
                                "NVIDIA H100 80GB HBM3"], strict=True):
         r["device_name"] = name
     assert summarize(mixed)["device"] == "NVIDIA A100-SXM4-80GB,NVIDIA H100 80GB HBM3"
+
+
+def test_fixed_cost_phases_from_the_runner_and_rank_stamps():
+    from raybench.metrics import fixed_cost
+
+    def stamped(rank, entry, setup, measured_end, **extra):
+        r = record(rank, 0.1, n=10)  # a 1.0 s measured window, warmup 2 x 0.1 s
+        r["stamps"] = {"loop_entry": entry, "setup_start": entry + 0.5, "setup_end": setup,
+                       "measure_end": measured_end, **extra}
+        return r
+
+    recs = [stamped(0, 110.0, 111.0, 113.0, loop_exit=113.4),
+            stamped(1, 112.0, 112.7, 113.2)]  # the slower rank decides each phase
+    stamps = {"trial_start": 100.0, "fit_start": 101.5, "fit_end": 114.0}
+    m = fixed_cost(recs, stamps)
+    assert m["overhead/trial_start_s"] == pytest.approx(1.5)
+    assert m["overhead/train_start_s"] == pytest.approx(10.5)  # to the last rank's entry
+    assert m["overhead/rank_prep_s"] == pytest.approx(0.5)
+    assert m["overhead/setup_s"] == pytest.approx(0.5)  # rank 0: 0.5, rank 1: 0.2
+    assert m["overhead/warmup_s"] == pytest.approx(0.2)
+    assert m["overhead/record_s"] == pytest.approx(0.2)  # last measure end to rank 0's exit
+    assert m["overhead/teardown_s"] == pytest.approx(0.6)
+    assert m["overhead/fixed_s"] == pytest.approx(114.0 - 100.0 - 1.0)
+    assert fixed_cost([record(0, 0.1)], stamps) == {}  # records without stamps: no breakdown

@@ -107,6 +107,41 @@ def summarize(records: Records) -> dict[str, Any]:
     return out
 
 
+def fixed_cost(records: Records, stamps: dict[str, float]) -> dict[str, Any]:
+    """Where a trial's time outside its measured window went, in seconds, from the wall-clock
+    stamps of the runner (`trial_start`, `fit_start`, `fit_end`) and of every rank. Phases:
+    trial_start (the runner's own start of the trial: Tune's function trial, the trainer),
+    train_start (Ray Train: controller actor, worker placement and processes, their imports,
+    the process group; to the last rank's entry), rank_prep (device, threads, math mode),
+    setup (the workload's model and data), warmup, record (FLOP count, trace, gathering the
+    records), teardown (the worker group and controller ending). Empty without stamps."""
+    records = [RankRecord.of(r) for r in records or []]
+    st = [r.stamps for r in records]
+    need = ("loop_entry", "setup_start", "setup_end", "measure_end")
+    if not records or not all(all(k in s for k in need) for s in st):
+        return {}
+    rank0 = min(records, key=lambda r: r.rank).stamps
+    entry = max(s["loop_entry"] for s in st)
+    out: dict[str, Any] = {
+        "overhead/rank_prep_s": max(s["setup_start"] - s["loop_entry"] for s in st),
+        "overhead/setup_s": max(s["setup_end"] - s["setup_start"] for s in st),
+        "overhead/warmup_s": float(max(sum(r.warmup_s) for r in records)),
+    }
+    if "loop_exit" in rank0:
+        out["overhead/record_s"] = rank0["loop_exit"] - max(s["measure_end"] for s in st)
+    if "fit_start" in stamps:
+        out["overhead/train_start_s"] = entry - stamps["fit_start"]
+        if "trial_start" in stamps:
+            out["overhead/trial_start_s"] = stamps["fit_start"] - stamps["trial_start"]
+    if "fit_end" in stamps and "loop_exit" in rank0:
+        out["overhead/teardown_s"] = stamps["fit_end"] - rank0["loop_exit"]
+    if "fit_end" in stamps:
+        start = stamps.get("trial_start", stamps.get("fit_start", entry))
+        measured = max(sum(r.windows_s) for r in records)
+        out["overhead/fixed_s"] = stamps["fit_end"] - start - measured
+    return out
+
+
 def device_column(names: Iterable[str]) -> str:
     """What the row ran on, as the tile suites log it ("NVIDIA H100 80GB HBM3"; "cpu"): the
     distinct device names of its ranks or replicas, so a mixed-GPU trial shows as mixed."""

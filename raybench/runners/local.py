@@ -11,13 +11,14 @@ import json
 import os
 import socket
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from raybench import metrics
-from raybench.context import WorkerContext
+from raybench.context import WorkerContext, process_start
 from raybench.failures import failure
 from raybench.grid import TrialSpec, artifact_dir, trace_path
 from raybench.records import TrialOutcome
@@ -43,9 +44,12 @@ class LocalRunner(Runner):
 
     def run(self, trials: list[TrialSpec], done: Done, name: str = "trials") -> None:
         for trial in trials:
-            start = now()
+            start, t0 = now(), time.time()
             outcome = run_local(trial, str(self.out / "trials"))
             outcome.start_time, outcome.end_time = start, now()
+            outcome.stamps = {"trial_start": t0, "fit_start": t0, "fit_end": time.time()}
+            if outcome.ok:
+                outcome.metrics.update(metrics.fixed_cost(outcome.records, outcome.stamps))
             done(trial, outcome)
 
 
@@ -64,7 +68,8 @@ def run_local(trial: TrialSpec, trace_dir: str | None = None) -> TrialOutcome:
         if hw.world_size == 1:
             device = torch.device("cuda", 0) if hw.use_gpu else torch.device("cpu")
             ctx = WorkerContext(0, 0, 1, 0, device, hw, trace_path=trace_path(trace_dir, trial),
-                                artifact_dir=artifact_dir(trace_dir, trial))
+                                artifact_dir=artifact_dir(trace_dir, trial),
+                                stamps={"loop_entry": time.time()})
             return metrics.outcome(run_worker(trial, ctx))
         return metrics.outcome(_spawn(trial, trace_dir))
     except Exception as e:  # a failed trial is a row here too
@@ -87,6 +92,7 @@ def _spawn(trial: TrialSpec, trace_dir: str | None) -> list[dict[str, Any]]:
 
 def _rank_main(rank: int, trial_dict: dict[str, Any], port: int, result: str,
                trace_dir: str | None) -> None:
+    entry = time.time()
     trial = TrialSpec.from_dict(trial_dict)
     hw = trial.hardware
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -96,7 +102,8 @@ def _rank_main(rank: int, trial_dict: dict[str, Any], port: int, result: str,
         device = torch.device("cuda", rank) if hw.use_gpu else torch.device("cpu")
         ctx = WorkerContext(rank, rank, hw.world_size, 0, device, hw,
                             trace_path=trace_path(trace_dir, trial),
-                            artifact_dir=artifact_dir(trace_dir, trial))
+                            artifact_dir=artifact_dir(trace_dir, trial),
+                            stamps={"process_start": process_start(), "loop_entry": entry})
         records = run_worker(trial, ctx)
         if rank == 0:
             Path(result).write_text(json.dumps([r.to_dict() for r in records]))

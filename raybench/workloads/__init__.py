@@ -1,9 +1,10 @@
 """Workload registry and contracts: a workload is one file in this package that registers itself.
 
-Owns the contracts and the name -> class registry (sibling modules are imported on first
-lookup, so adding a workload touches no other file). Three contracts: `Workload` (timed steps,
-what every workload is), `EpochWorkload` (whole epochs with an evaluation after each) and
-`Servable` (can be served in an inference scenario); a workload subclasses the ones it meets.
+Owns the contracts and the name -> class registry (a lookup imports the sibling module named
+like the workload, else every sibling, so adding a workload touches no other file). Three
+contracts: `Workload` (timed steps, what every workload is), `EpochWorkload` (whole epochs with
+an evaluation after each) and `Servable` (can be served in an inference scenario); a workload
+subclasses the ones it meets.
 Whatever a workload knows beyond its steps it declares here through hooks on its own class
 (its extra row metrics, accuracy metric, the preprocess output it reads, its checkpoints), so
 no core module names a workload or one of its fields. Does not own timing, DDP set-up or Ray: a
@@ -16,6 +17,7 @@ import importlib
 import pkgutil
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -204,7 +206,13 @@ def _load_all() -> None:
 
 
 def get(name: str) -> type[Workload]:
-    _load_all()
+    own_file = Path(__path__[0]) / f"{name}.py"
+    if name not in _REGISTRY and name.isidentifier() and own_file.exists():
+        # the file named like the workload first: every rank of every trial looks its
+        # workload up, and the siblings' imports (rasterio, detection models) are not its own
+        importlib.import_module(f"{__name__}.{name}")
+    if name not in _REGISTRY:
+        _load_all()
     if name not in _REGISTRY:
         raise KeyError(f"unknown workload '{name}'; registered: {names()}")
     return _REGISTRY[name]
