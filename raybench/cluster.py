@@ -67,22 +67,27 @@ def nodes() -> list[dict[str, float]]:
 NODE_FACTS_TIMEOUT_S = 120.0
 
 
-def node_facts() -> dict[str, dict[str, Any]]:
+def node_facts(embedded: bool = False) -> dict[str, dict[str, Any]]:
     """Every alive node's own system facts (GPUs, driver, CUDA, NCCL and its variables,
     topology), gathered by a 0-CPU task pinned to that node, keyed by node IP. A node that does
-    not answer in time gets an `error` entry: facts never hold up a sweep."""
+    not answer in time gets an `error` entry: facts never hold up a sweep. `embedded`: this
+    process started Ray, so its workers share this process's machine and environment, and
+    this node's facts are read here (a probe task's worker process costs seconds to start)."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from raybench import sysinfo
 
     probe = ray.remote(num_cpus=0, max_retries=0)(sysinfo.machine)
+    here = ray.get_runtime_context().get_node_id() if embedded else None
     alive = [n for n in ray.nodes() if n.get("Alive")]
+    local = {n["NodeManagerAddress"]: sysinfo.machine() for n in alive if n["NodeID"] == here}
+    alive = [n for n in alive if n["NodeID"] != here]
     refs = {n["NodeManagerAddress"]: probe.options(
         scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote()
         for n in alive}
     ready, _ = ray.wait(list(refs.values()), num_returns=len(refs),
-                        timeout=NODE_FACTS_TIMEOUT_S)
-    out = {}
+                        timeout=NODE_FACTS_TIMEOUT_S) if refs else ([], [])
+    out = dict(local)
     for ip, ref in sorted(refs.items()):
         try:
             out[ip] = ray.get(ref) if ref in ready else {
@@ -92,7 +97,7 @@ def node_facts() -> dict[str, dict[str, Any]]:
     for ref in refs.values():
         if ref not in ready:
             ray.cancel(ref, force=True)
-    return out
+    return dict(sorted(out.items()))
 
 
 def describe() -> dict[str, Any]:

@@ -51,7 +51,7 @@ class RayRunner(Runner):
             self._started = False
 
     def system(self) -> tuple[dict[str, Any], dict[str, dict[str, Any]] | None]:
-        return cluster.describe(), cluster.node_facts()
+        return cluster.describe(), cluster.node_facts(embedded=self._started)
 
     def unplaceable(self, trials: list[TrialSpec]) -> dict[str, str]:
         no_token = self.spec.execution.concurrency == "per_node" and not any(

@@ -84,7 +84,8 @@ def test_run_files(local_sweep):
     info = json.loads((out / "system_info.json").read_text())
     assert info["versions"]["ray"].startswith("2.60")
     assert info["cluster"]["resources"]["CPU"] >= 3
-    (node,) = info["nodes"].values()  # the one node's own facts, gathered by a task there
+    (node,) = info["nodes"].values()  # the one node's own facts (read in the driver that
+    # started this embedded Ray; other nodes by a task there: test_multinode)
     assert node["cpu"]["logical"] >= 1 and node["versions"]["ray"].startswith("2.60")
     assert (out / "sweep.yaml").exists()
     trials = sorted((out / "trials").glob("*.json"))
