@@ -51,7 +51,9 @@ class RayRunner(Runner):
             self._started = False
 
     def system(self) -> tuple[dict[str, Any], dict[str, dict[str, Any]] | None]:
-        return cluster.describe(), cluster.node_facts(embedded=self._started)
+        # embedded: this process started the Ray it uses (now, or before, as bench overhead does)
+        embedded = cluster.target(self.address) is None
+        return cluster.describe(), cluster.node_facts(embedded=embedded)
 
     def unplaceable(self, trials: list[TrialSpec]) -> dict[str, str]:
         no_token = self.spec.execution.concurrency == "per_node" and not any(
