@@ -24,6 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--set", action="append", default=[], metavar="dotted.key=value")
     run.add_argument("--trials", help="comma-separated trial indices (default: all)")
     run.add_argument("--output", help="run directory (default as for raybench.sweep)")
+    run.add_argument("--jsonl", action="store_true", help="a JSON line per finished trial")
     run.add_argument("--resume", action="store_true",
                      help="finish an interrupted run; trials that have a row are not rerun")
     over = sub.add_parser("overhead", help="bare PyTorch loop vs a raybench trial")
@@ -51,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         return sweep.main([args.sweep, "--runner", "local", *sets,
                            *(["--trials", args.trials] if args.trials else []),
                            *(["--output", args.output] if args.output else []),
-                           *(["--resume"] if args.resume else [])])
+                           *(["--resume"] if args.resume else []),
+                           *(["--jsonl"] if args.jsonl else [])])
     cli.setup_logging()
     if args.cmd == "chips":
         from raybench.data.chipbench import compare

@@ -189,8 +189,9 @@ class RowWriter:
     """Turns trial outcomes into rows and trial files; remembers what is written."""
 
     def __init__(self, spec: SweepSpec, run_id: str, table: ResultsTable,
-                 history: History | None = None):
+                 history: History | None = None, jsonl: bool = False):
         self.spec, self.run_id, self.table, self.history = spec, run_id, table, history
+        self.jsonl = jsonl  # print each trial's row as a JSON line on stdout as it is written
         self.done: dict[str, str] = {}
         self.outcomes: dict[str, TrialOutcome] = {}
         self.stages: list[dict[str, Any]] = []
@@ -224,6 +225,8 @@ class RowWriter:
             "records": outcome.records,
         })
         self._append(row)
+        if self.jsonl:
+            print(json.dumps({"raybench_trial": trial_line(row)}, default=str), flush=True)
         self.done[trial.key] = outcome.status
         # what a search needs to judge a probe; raw records stay in the trial JSON only
         self.outcomes[trial.key] = TrialOutcome(status=outcome.status, metrics=outcome.metrics)
@@ -297,6 +300,26 @@ class RowWriter:
             **({"resumed_rows": self.resumed} if self.resumed else {}),
             "elapsed_s": round(elapsed_s, 1),
         }
+
+
+def trial_line(row: dict[str, Any]) -> dict[str, Any]:
+    """A finished trial for a pipeline, as the ResNet suite prints one: samples per second,
+    samples measured, the trial's elapsed seconds, its configuration, then the whole row."""
+    steps, gbs = row.get("train/measured_steps"), row.get("train/global_batch_size")
+    elapsed = (datetime.fromisoformat(row["end_time"]) -
+               datetime.fromisoformat(row["start_time"])).total_seconds()
+    return _jsonable({
+        "trial_index": row["trial_index"], "trial_key": row["trial_key"],
+        "status": row["status"], "error": row["error"],
+        "samples_per_s": headline(row),
+        "total_samples": steps * gbs if steps and gbs else row.get("infer/samples"),
+        "elapsed_seconds": elapsed,
+        "config": {k: v for k, v in row.items() if k.split(".", 1)[0] in CONFIG_SECTIONS},
+        "row": row,
+    })
+
+
+CONFIG_SECTIONS = ("workload", "hardware", "measure", "inference")
 
 
 def headline(metrics: dict[str, Any]) -> float | None:

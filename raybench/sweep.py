@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     history = History(history_root(spec, args.output))
     try:
         runner = runners.make(args.runner, spec, out, args.address)
-        summary = run_sweep(spec, trials, out, runner, history)
+        summary = run_sweep(spec, trials, out, runner, history, args.jsonl)
     except SpecError as e:  # found on the cluster before anything was written
         print(f"raybench: {e}", file=sys.stderr)
         if not args.resume and out.is_dir() and not any(out.iterdir()):
@@ -88,6 +88,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="ray: trials on Ray (embedded, or the cluster of --address); local: in "
                    "this process, ranks spawned over torch.distributed, no Ray needed")
     p.add_argument("--trials", help="comma-separated trial indices to run (default: all)")
+    p.add_argument("--jsonl", action="store_true",
+                   help="print each finished trial as one JSON line on stdout "
+                   '({"raybench_trial": ...}); the closing summary line stays last')
     p.add_argument("--dry-run", action="store_true", help="print the plan and run nothing")
     p.add_argument("--output", help="run directory (default <output.root>/<name>/<UTC time>)")
     p.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else embedded)")
@@ -98,13 +101,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def run_sweep(spec: SweepSpec, trials: list[TrialSpec], out: Path, runner: Runner,
-              history: History | None = None) -> dict[str, Any]:
+              history: History | None = None, jsonl: bool = False) -> dict[str, Any]:
     """Run every trial through `runner` and return the summary; rows are on disk as each
     trial ends. The one sweep loop: stage, placement, search, resume, interrupts, history and
     the report are wired here for every runner."""
     t0 = time.monotonic()
     interrupted: int | None = None
-    writer = RowWriter(spec, out.name, ResultsTable(out), history)
+    writer = RowWriter(spec, out.name, ResultsTable(out), history, jsonl)
     if writer.resumed:
         log.info("resuming %s: %d trial rows on disk, %d trials to run", out, writer.resumed,
                  sum(t.key not in writer.done for t in trials))

@@ -12,11 +12,13 @@ runs in-process on a GPU machine without Ray.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import os
 import socket
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -214,7 +216,25 @@ def _run_epochs(workload: workloads.Workload, batches: Any, ctx: WorkerContext,
         out["epochs"].append({"epoch": e + 1, "train_s": end - start,
                               "eval_s": time.perf_counter() - end,
                               "loss": float(out["loss"].float().item()), **scores})
+        _log_epoch(ctx, out["epochs"][-1], out["window_steps"][-1] * workload.samples_per_step()
+                   / out["windows_s"][-1])
     return out
+
+
+def _log_epoch(ctx: WorkerContext, epoch: dict[str, Any], samples_per_s: float) -> None:
+    """Rank 0 appends the epoch to `<trial dir>/metrics_epoch.jsonl` as it ends (the training
+    suite's per-run log): a run cut short keeps the epochs it finished."""
+    if ctx.rank != 0 or not ctx.artifact_dir:
+        return
+    path = Path(ctx.artifact_dir) / "metrics_epoch.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = {"epoch": epoch["epoch"], "time": datetime.now(timezone.utc).isoformat(),
+            "world_size": ctx.world_size, "rank0_samples_per_s": samples_per_s,
+            **{k: v for k, v in epoch.items() if k != "epoch"}}
+    line = {k: None if isinstance(v, float) and not math.isfinite(v) else v  # JSON has no nan
+            for k, v in line.items()}
+    with path.open("a") as f:
+        f.write(json.dumps(line, default=float) + "\n")
 
 
 def _timed_step(workload: workloads.Workload, batches: Any, ctx: WorkerContext):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pandas as pd
@@ -89,3 +90,22 @@ def yaml_dump(spec):
     import yaml
 
     return yaml.safe_dump(spec.to_yaml_dict(), sort_keys=False)
+
+
+def test_jsonl_prints_each_trial_as_it_is_written(write_sweep, tmp_path, capsys):
+    spec = load_sweep(write_sweep())
+    first, second = expand(spec)[:2]
+    writer = RowWriter(spec, "r", ResultsTable(tmp_path), jsonl=True)
+    writer.write(first, TrialOutcome(status="ok", metrics={
+        "train/samples_per_s": 100.0, "train/measured_steps": 10, "train/global_batch_size": 8,
+        "train/loss_final": float("nan")}, start_time="2026-11-23T10:00:00+00:00",
+        end_time="2026-11-23T10:00:12.5+00:00"))
+    printed = capsys.readouterr().out.splitlines()
+    assert len(printed) == 1  # printed when the row is written, not at the end
+    writer.write(second, TrialOutcome.failed("oom", "CUDA out of memory"))
+    printed += capsys.readouterr().out.splitlines()
+    lines = [json.loads(x)["raybench_trial"] for x in printed]
+    assert lines[0]["samples_per_s"] == 100.0 and lines[0]["total_samples"] == 80
+    assert lines[0]["elapsed_seconds"] == 12.5 and lines[0]["row"]["train/loss_final"] is None
+    assert lines[0]["config"] == {k: v for k, v in first.config().items()}
+    assert lines[1]["status"] == "oom" and lines[1]["samples_per_s"] is None

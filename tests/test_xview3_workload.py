@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -149,6 +150,9 @@ class _Epochs:
     def epoch_steps(self):
         return self.steps
 
+    def samples_per_step(self):
+        return 4
+
     def to_device(self, batch):
         return batch
 
@@ -174,6 +178,31 @@ def test_epoch_loop_measures_all_but_warmup_and_evaluates_outside_the_timing():
     assert all(e["train_s"] > 0 and e["eval_s"] >= 0 for e in run["epochs"])
     with pytest.raises(ValueError, match="not more than warmup_steps"):
         _run_epochs(_Epochs(1, 2), iter(range(9)), ctx, warmup=2)
+
+
+def test_each_epoch_is_a_line_of_metrics_epoch_jsonl_as_it_ends(tmp_path):
+    class Diverging(_Epochs):
+        def end_epoch(self, epoch):
+            path = tmp_path / "metrics_epoch.jsonl"
+            lines = path.read_text().splitlines() if path.exists() else []
+            assert len(lines) == epoch  # the earlier epochs are on disk before this one ends
+            return {"xview3/aggregate": 0.1 * (epoch + 1), "det/map50": float("nan")}
+
+    ctx = WorkerContext(0, 0, 1, 0, torch.device("cpu"), HardwareSpec(),
+                        artifact_dir=str(tmp_path))
+    run = _run_epochs(Diverging(epochs=3, steps=5), iter(range(100)), ctx, warmup=2)
+    lines = [json.loads(x) for x in (tmp_path / "metrics_epoch.jsonl").read_text().splitlines()]
+    assert [x["epoch"] for x in lines] == [1, 2, 3]
+    assert [x["xview3/aggregate"] for x in lines] == [0.1, 0.2, pytest.approx(0.3)]
+    assert lines[0]["det/map50"] is None  # nan is not JSON: written as null
+    assert lines[1]["rank0_samples_per_s"] == pytest.approx(5 * 4 / run["windows_s"][1])
+    assert lines[2]["train_s"] == run["epochs"][2]["train_s"] and "time" in lines[2]
+    other = WorkerContext(1, 1, 2, 0, torch.device("cpu"), HardwareSpec(),
+                          artifact_dir=str(tmp_path / "rank1"))
+    with pytest.MonkeyPatch.context() as mp:  # a rank other than 0 writes nothing
+        mp.setattr(other, "barrier", lambda: None)
+        _run_epochs(_Epochs(epochs=1, steps=3), iter(range(9)), other, warmup=1)
+    assert not (tmp_path / "rank1").exists()
 
 
 @pytest.mark.slow

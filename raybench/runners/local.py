@@ -48,7 +48,7 @@ class LocalRunner(Runner):
             outcome = run_local(trial, str(self.out / "trials"))
             outcome.start_time, outcome.end_time = start, now()
             outcome.stamps = {"trial_start": t0, "fit_start": t0, "fit_end": time.time()}
-            if outcome.ok:
+            if outcome.ok and trial.inference is None:  # replicas keep no rank records
                 outcome.metrics.update(metrics.fixed_cost(outcome.records, outcome.stamps))
             done(trial, outcome)
 

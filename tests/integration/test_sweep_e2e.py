@@ -58,15 +58,17 @@ def test_every_trial_is_an_ok_row_with_throughput(local_sweep):
     assert (df["status"] == "ok").all()
     assert (df["train/samples_per_s"] > 0).all()
     assert sorted(df["hardware.cpu_workers"]) == [1, 2]
-    # where each trial's time outside its window went: every phase stamped, none negative, and
-    # together no more than the fixed cost they break down
+    # where each trial's time outside its window went: every phase stamped and none negative;
+    # one rank's phases follow each other, so together they fit in the fixed cost (with more
+    # ranks each phase is the slowest rank's, and those may overlap)
     phases = ["trial_start", "train_start", "rank_prep", "setup", "warmup", "record",
               "teardown"]
     for _, row in df.iterrows():
         parts = [row[f"overhead/{p}_s"] for p in phases]
         assert all(x >= 0 for x in parts), dict(zip(phases, parts, strict=True))
-        assert sum(parts) <= row["overhead/fixed_s"] + 0.1
         assert row["overhead/report_s"] >= 0
+        if row["train/world_size"] == 1:
+            assert sum(parts) <= row["overhead/fixed_s"] + 0.1
     assert set(df["train/world_size"]) == {1, 2}
     assert df["trial_key"].is_unique
     csv = pd.read_csv(out / "results.csv")
