@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from raybench.metrics import own_compute
+from raybench.runners.local import leave_rank
 from tests.conftest import TINY_SWEEP
 from tests.test_metrics import record
 
@@ -49,6 +50,7 @@ def _rank(rank: int, port: int, sweep: str, slow_s: float, out: str) -> None:
         dist.barrier()  # neither rank tears the group down while the other still uses it
     finally:
         dist.destroy_process_group()
+    leave_rank()
 
 
 def run_two_ranks(tmp_path, slow_s: float) -> dict:
