@@ -11,9 +11,15 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any, Literal
 
 Status = Literal["ok", "oom", "error", "timeout", "infeasible", "lost"]
+
+
+def now() -> str:
+    """The UTC time rows and outcomes carry (start_time, end_time), to the millisecond."""
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
 def _from_dict(cls: type, d: dict[str, Any]) -> Any:

@@ -23,7 +23,7 @@ import yaml
 
 from raybench import interrupts
 from raybench.grid import TrialSpec
-from raybench.records import Status, TrialOutcome
+from raybench.records import Status, TrialOutcome, now
 from raybench.report.assess import validity
 from raybench.spec import SpecError, SweepSpec
 
@@ -364,10 +364,6 @@ def _jsonable(obj: Any) -> Any:
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
     return obj
-
-
-def now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
 def storage_uri(storage: str, sweep: str, run_id: str, *parts: str) -> str:

@@ -13,8 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from raybench.grid import TrialSpec, trial_key
-from raybench.records import TrialOutcome
-from raybench.results import now
+from raybench.records import TrialOutcome, now
 from raybench.sections import LargestBatchSpec
 
 

@@ -10,6 +10,7 @@ Tune grid (sweep.py) or the timed loop (worker.py).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -29,7 +30,7 @@ from raybench.context import WorkerContext, process_start
 from raybench.failures import failure
 from raybench.grid import TrialSpec, artifact_dir, trace_path
 from raybench.plan import NODE_TOKEN
-from raybench.records import RankRecord, TrialOutcome
+from raybench.records import RankRecord, TrialOutcome, now
 from raybench.sections import ExecutionSpec
 from raybench.worker import run_worker
 
@@ -107,6 +108,24 @@ def _watchdog(limit_s: float | None) -> threading.Timer | None:
     timer.daemon = True
     timer.start()
     return timer
+
+
+def tune_entry(config: dict[str, Any], trial_dicts: list[dict[str, Any]], storage: str,
+               trials_dir: str, execution: ExecutionSpec, cwd: str,
+               strategies: dict[str, str]) -> None:
+    """One Tune function trial: run its TrialSpec and report the outcome to the driver.
+
+    It lives here, beside the trial it runs, not beside the Tune grid (runners/on_ray.py):
+    Tune's trial process imports the module of its function, and this one holds only what a
+    trial needs (the grid's module brings the results table and the report)."""
+    from ray import tune
+
+    entry, start = time.time(), now()  # before the trial's own imports (from_dict)
+    trial = TrialSpec.from_dict(trial_dicts[config["trial"]])
+    outcome = run_trial(trial, storage, trials_dir, execution, cwd, strategies[trial.key],
+                        trial_start=entry)
+    outcome.start_time, outcome.end_time = start, now()
+    tune.report({"raybench_outcome": json.dumps(outcome.to_dict())})
 
 
 def run_trial(trial: TrialSpec, storage: str, trials_dir: str, execution: ExecutionSpec,

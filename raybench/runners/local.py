@@ -22,8 +22,7 @@ from raybench import metrics
 from raybench.context import WorkerContext, process_start
 from raybench.failures import failure
 from raybench.grid import TrialSpec, artifact_dir, trace_path
-from raybench.records import TrialOutcome
-from raybench.results import now
+from raybench.records import TrialOutcome, now
 from raybench.runners import Done, Runner
 from raybench.worker import run_worker
 

@@ -18,8 +18,8 @@ from typing import Any
 
 from raybench import cluster, plan
 from raybench.grid import TrialSpec
-from raybench.records import TrialOutcome
-from raybench.results import now, storage_uri
+from raybench.records import TrialOutcome, now
+from raybench.results import storage_uri
 from raybench.runners import Done, Runner
 from raybench.spec import SpecError
 
@@ -95,7 +95,7 @@ def _tune(spec, trials: list[TrialSpec], out: Path, done: Done, name: str,
           nodes: list[dict[str, float]]) -> None:
     from ray import tune
 
-    from raybench.trial import run_trial
+    from raybench.trial import tune_entry
 
     # Tune's CSV/JSON/TensorBoard loggers would duplicate our table; ours is the record.
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
@@ -113,14 +113,6 @@ def _tune(spec, trials: list[TrialSpec], out: Path, done: Done, name: str,
     log.info("concurrency %s", why)
     strategies = {t.key: plan.strategy(t, nodes, execution.placement, execution.concurrency)
                   for t in trials}
-
-    def tune_trial(config: dict[str, Any], trial_dicts: list[dict[str, Any]]) -> None:
-        entry, start = time.time(), now()  # before the trial's own imports (from_dict)
-        trial = TrialSpec.from_dict(trial_dicts[config["trial"]])
-        outcome = run_trial(trial, storage, trials_dir, execution, cwd, strategies[trial.key],
-                            trial_start=entry)
-        outcome.start_time, outcome.end_time = start, now()
-        tune.report({"raybench_outcome": json.dumps(outcome.to_dict())})
 
     reported: set[int] = set()
 
@@ -140,7 +132,9 @@ def _tune(spec, trials: list[TrialSpec], out: Path, done: Done, name: str,
     by_index = {i: t for i, t in enumerate(trials)}
     tuner = tune.Tuner(
         tune.with_resources(
-            tune.with_parameters(tune_trial, trial_dicts=[t.to_dict() for t in trials]),
+            tune.with_parameters(tune_entry, trial_dicts=[t.to_dict() for t in trials],
+                                 storage=storage, trials_dir=trials_dir, execution=execution,
+                                 cwd=cwd, strategies=strategies),
             {"cpu": 0.01},  # the trainer's workers hold the real resources; {"cpu": 0} is rejected
         ),
         param_space={"trial": tune.grid_search(list(by_index))},
