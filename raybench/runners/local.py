@@ -34,13 +34,7 @@ class LocalRunner(Runner):
         return {"mode": "in-process, no Ray"}, None
 
     def unplaceable(self, trials: list[TrialSpec]) -> dict[str, str]:
-        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        out = {}
-        for t in trials:
-            need = t.resources()["total"].get("GPU", 0)
-            if need > have:
-                out[t.key] = f"needs {need:g} GPUs but this machine has {have}"
-        return out
+        return {t.key: why for t in trials if (why := _gpus_missing(t))}
 
     def run(self, trials: list[TrialSpec], done: Done, name: str = "trials") -> None:
         for trial in trials:
@@ -55,15 +49,14 @@ class LocalRunner(Runner):
 
 def run_local(trial: TrialSpec, trace_dir: str | None = None) -> TrialOutcome:
     """One trial in this process (or spawned ranks); returns the same fields as trial.run_trial."""
+    why = _gpus_missing(trial)
+    if why:
+        return TrialOutcome.failed("infeasible", why)
     if trial.inference is not None:
         from raybench.scenarios.run import run_trial as run_scenario
 
         return run_scenario(trial, "local")
     hw = trial.hardware
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if hw.num_gpus > gpus:
-        why = f"needs {hw.num_gpus} GPUs but this machine has {gpus}"
-        return TrialOutcome.failed("infeasible", why)
     try:
         if hw.world_size == 1:
             device = torch.device("cuda", 0) if hw.use_gpu else torch.device("cpu")
@@ -74,6 +67,13 @@ def run_local(trial: TrialSpec, trace_dir: str | None = None) -> TrialOutcome:
         return metrics.outcome(_spawn(trial, trace_dir))
     except Exception as e:  # a failed trial is a row here too
         return failure(e, trial.resources())
+
+
+def _gpus_missing(trial: TrialSpec) -> str | None:
+    """Why this machine can never run the trial (its ranks or replicas want more GPUs)."""
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    need = trial.resources()["total"].get("GPU", 0)
+    return f"needs {need:g} GPUs but this machine has {have}" if need > have else None
 
 
 def _spawn(trial: TrialSpec, trace_dir: str | None) -> list[dict[str, Any]]:
