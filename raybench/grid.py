@@ -61,6 +61,9 @@ class TrialSpec:
         return {"workers": workers, "per_worker": per_worker, "total": total}
 
     def to_dict(self) -> dict[str, Any]:
+        """For the trial JSON only. A trial crosses to Tune, Train workers and spawned ranks as
+        this object (pickled: pydantic restores its models without validating them again), so
+        its values are validated once, at expansion."""
         return {
             "index": self.index, "key": self.key, "sweep": self.sweep,
             "workload_name": self.workload_name, "workload": self.workload.model_dump(),
@@ -69,16 +72,6 @@ class TrialSpec:
             "inference": self.inference.model_dump() if self.inference else None,
         }
 
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> TrialSpec:
-        params = workloads.get(d["workload_name"]).Params.model_validate(d["workload"])
-        inference = d.get("inference")
-        return cls(
-            index=d["index"], key=d["key"], sweep=d["sweep"], workload_name=d["workload_name"],
-            workload=params, hardware=HardwareSpec.model_validate(d["hardware"]),
-            measure=MeasureSpec.model_validate(d["measure"]), overrides=d.get("overrides", {}),
-            inference=InferenceSpec.model_validate(inference) if inference else None,
-        )
 
 
 def resolve_key(key: str, spec: SweepSpec) -> str:

@@ -53,7 +53,7 @@ TRAIN_ENV = {
 def train_loop(config: dict[str, Any]) -> list[RankRecord] | None:
     """Runs on every Ray Train worker; rank 0's return value carries all ranks' records."""
     entry = time.time()
-    trial = TrialSpec.from_dict(config["trial"])
+    trial: TrialSpec = config["trial"]  # validated once, at expansion; pickled, not re-read
     if config.get("cwd") and os.path.isdir(config["cwd"]):
         # relative paths in a sweep (data, chip caches) mean the sweep's directory, not the
         # trial directory Tune may have moved this process tree into
@@ -110,7 +110,7 @@ def _watchdog(limit_s: float | None) -> threading.Timer | None:
     return timer
 
 
-def tune_entry(config: dict[str, Any], trial_dicts: list[dict[str, Any]], storage: str,
+def tune_entry(config: dict[str, Any], trials: list[TrialSpec], storage: str,
                trials_dir: str, execution: ExecutionSpec, cwd: str,
                strategies: dict[str, str]) -> None:
     """One Tune function trial: run its TrialSpec and report the outcome to the driver.
@@ -120,8 +120,8 @@ def tune_entry(config: dict[str, Any], trial_dicts: list[dict[str, Any]], storag
     trial needs (the grid's module brings the results table and the report)."""
     from ray import tune
 
-    entry, start = time.time(), now()  # before the trial's own imports (from_dict)
-    trial = TrialSpec.from_dict(trial_dicts[config["trial"]])
+    entry, start = time.time(), now()
+    trial = trials[config["trial"]]
     outcome = run_trial(trial, storage, trials_dir, execution, cwd, strategies[trial.key],
                         trial_start=entry)
     outcome.start_time, outcome.end_time = start, now()
@@ -178,7 +178,7 @@ def _attempt(trial: TrialSpec, storage: str, trials_dir: str, execution: Executi
     trainer = TorchTrainer(
         train_loop,
         # traces and artefacts land beside the trial JSONs, on rank 0's node
-        train_loop_config={"trial": trial.to_dict(), "trace_dir": trials_dir,
+        train_loop_config={"trial": trial, "trace_dir": trials_dir,
                            "cwd": cwd, "logical_gpus": execution.logical_gpus,
                            "timeout_s": execution.trial_timeout_s},
         torch_config=TorchConfig(

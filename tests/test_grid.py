@@ -46,11 +46,26 @@ def test_short_and_dotted_keys(write_sweep):
         resolve_key("hardware.depth", spec)
 
 
-def test_trial_dict_round_trip(write_sweep):
-    from raybench.grid import TrialSpec
+def test_trials_cross_processes_validated_once(write_sweep, monkeypatch):
+    """Tune, Train workers and spawned ranks get the expanded TrialSpec pickled: it arrives
+    equal, and no section model validates again on the way (validation happens at load and
+    expansion only)."""
+    import pickle
 
-    t = expand(load_sweep(write_sweep()))[1]
-    assert TrialSpec.from_dict(t.to_dict()) == t
+    from raybench.spec import HardwareSpec, MeasureSpec
+
+    trials = expand(load_sweep(write_sweep()))
+    blob = pickle.dumps(trials)
+
+    class Refuse:
+        def __getattr__(self, name):
+            raise AssertionError(f"validated again ({name})")
+
+    for model in {type(trials[0].workload), HardwareSpec, MeasureSpec}:
+        monkeypatch.setattr(model, "__pydantic_validator__", Refuse())
+    with pytest.raises(AssertionError, match="validated again"):  # the probe sees validation
+        HardwareSpec(num_gpus=0)
+    assert pickle.loads(blob) == trials
 
 
 def test_resources_per_trial(write_sweep):

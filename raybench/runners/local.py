@@ -85,15 +85,14 @@ def _spawn(trial: TrialSpec, trace_dir: str | None) -> list[dict[str, Any]]:
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
         result = Path(tmp) / "records.json"
-        mp.spawn(_rank_main, args=(trial.to_dict(), port, str(result), trace_dir),
+        mp.spawn(_rank_main, args=(trial, port, str(result), trace_dir),
                  nprocs=trial.hardware.world_size, join=True)
         return json.loads(result.read_text())
 
 
-def _rank_main(rank: int, trial_dict: dict[str, Any], port: int, result: str,
+def _rank_main(rank: int, trial: TrialSpec, port: int, result: str,
                trace_dir: str | None) -> None:
     entry = time.time()
-    trial = TrialSpec.from_dict(trial_dict)
     hw = trial.hardware
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.distributed.init_process_group("nccl" if hw.use_gpu else "gloo", rank=rank,

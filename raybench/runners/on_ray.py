@@ -132,7 +132,7 @@ def _tune(spec, trials: list[TrialSpec], out: Path, done: Done, name: str,
     by_index = {i: t for i, t in enumerate(trials)}
     tuner = tune.Tuner(
         tune.with_resources(
-            tune.with_parameters(tune_entry, trial_dicts=[t.to_dict() for t in trials],
+            tune.with_parameters(tune_entry, trials=list(trials),
                                  storage=storage, trials_dir=trials_dir, execution=execution,
                                  cwd=cwd, strategies=strategies),
             {"cpu": 0.01},  # the trainer's workers hold the real resources; {"cpu": 0} is rejected

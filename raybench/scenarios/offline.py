@@ -188,7 +188,6 @@ def run_ray(trial: TrialSpec, start_timeout_s: float, logical_gpus: bool = False
     ctx.execution_no_progress_timeout_s = start_timeout_s + 600
     ctx.actor_init_retry_on_errors = False
     inf, hw, b = trial.inference, trial.hardware, trial.workload.batch_size
-    d = trial.to_dict()
     # Sample ids come from the driver (from_items: no read task) and inputs are made by
     # 0-CPU tasks: replicas may hold every CPU of the cluster (a read or input task asking for
     # one would then never be scheduled, and the pipeline would stall; seen with replicas of
@@ -198,10 +197,10 @@ def run_ray(trial: TrialSpec, start_timeout_s: float, logical_gpus: bool = False
                                                                  256)))
     # ...and at most one input task per replica at a time: unbounded 0-CPU tasks each start a
     # worker process, and on a small node those start-ups starved the replicas for seconds.
-    ds = ds.map_batches(_inputs, fn_kwargs={"trial": d}, batch_size=b, num_cpus=0,
+    ds = ds.map_batches(_inputs, fn_kwargs={"t": trial}, batch_size=b, num_cpus=0,
                         compute=ray.data.TaskPoolStrategy(size=inf.replicas))
     ds = ds.map_batches(
-        _RayReplica, fn_constructor_kwargs={"trial": d, "logical_gpus": logical_gpus},
+        _RayReplica, fn_constructor_kwargs={"trial": trial, "logical_gpus": logical_gpus},
         batch_size=b, compute=ray.data.ActorPoolStrategy(size=inf.replicas),
         num_cpus=hw.cpus_per_worker, num_gpus=1 if hw.use_gpu else 0)
     rows = []
@@ -224,8 +223,7 @@ def pass_seconds(records: list[dict[str, Any]]) -> float:
     return max(r["t_end"] for r in records) - min(r["t_start"] for r in records)
 
 
-def _inputs(batch: dict[str, np.ndarray], trial: dict[str, Any]) -> dict[str, np.ndarray]:
-    t = TrialSpec.from_dict(trial)
+def _inputs(batch: dict[str, np.ndarray], t: TrialSpec) -> dict[str, np.ndarray]:
     ids = batch["id"]
     return {"id": ids, **workloads.get(t.workload_name).serving_inputs(t.workload, ids)}
 
@@ -233,7 +231,7 @@ def _inputs(batch: dict[str, np.ndarray], trial: dict[str, Any]) -> dict[str, np
 class _RayReplica:
     """Ray Data's callable class around a Replica; one row per sample, batch facts repeated."""
 
-    def __init__(self, trial: dict[str, Any], logical_gpus: bool):
+    def __init__(self, trial: TrialSpec, logical_gpus: bool):
         import ray
 
         rt = ray.get_runtime_context()

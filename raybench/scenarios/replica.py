@@ -32,11 +32,11 @@ log = logging.getLogger(__name__)
 
 
 class Replica:
-    def __init__(self, trial: dict[str, Any] | TrialSpec, index: int = 0,
+    def __init__(self, trial: TrialSpec, index: int = 0,
                  device: torch.device | None = None, node: str | None = None,
                  logical_gpus: bool = False):
         start = time.perf_counter()
-        self.trial = trial if isinstance(trial, TrialSpec) else TrialSpec.from_dict(trial)
+        self.trial = trial
         t, inf = self.trial, self.trial.inference
         self.index, self.node = index, node or socket.gethostname()
         if device is None:  # under Ray the replica's one GPU is cuda:0 (CUDA_VISIBLE_DEVICES)

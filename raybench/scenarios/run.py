@@ -160,7 +160,7 @@ def _query_sized(trial: TrialSpec) -> TrialSpec:
 
 
 class _RayServerReplica(Replica):
-    def __init__(self, trial: dict[str, Any], index: int, logical_gpus: bool):
+    def __init__(self, trial: TrialSpec, index: int, logical_gpus: bool):
         import ray
 
         super().__init__(trial, index, node=ray.util.get_node_ip_address(),
@@ -175,8 +175,7 @@ def _server_ray(trial: TrialSpec, start_timeout_s: float, logical_gpus: bool
     hw = trial.hardware
     actor = ray.remote(num_cpus=hw.cpus_per_worker, num_gpus=1 if hw.use_gpu else 0,
                        max_restarts=0)(_RayServerReplica)
-    d = trial.to_dict()
-    replicas = [actor.remote(d, i, logical_gpus) for i in range(trial.inference.replicas)]
+    replicas = [actor.remote(trial, i, logical_gpus) for i in range(trial.inference.replicas)]
     try:
         # Ready when their start-up (model, reference pass, warmup) is done; placement was
         # checked before, so the limit only bounds a start-up that never ends.
