@@ -113,8 +113,9 @@ def overhead(spec: SweepSpec, trial: TrialSpec, rounds: int) -> dict[str, Any]:
 
 def breakdown(row: dict[str, Any], sweep_s: float) -> dict[str, float]:
     """One single-trial sweep's time outside the measured window, by phase (seconds): the
-    trial's own phases from its row (`overhead/*`, metrics.fixed_cost) and `sweep_loop`, what
-    the sweep spent around the trial (Tune's start and end, the run files, the report)."""
+    trial's own phases from its row (`overhead/*`, metrics.overhead.fixed_cost) and
+    `sweep_loop`, what the sweep spent around the trial (Tune's start and end, the run files,
+    the report)."""
     out = {k.split("/", 1)[1].removesuffix("_s"): float(v) for k, v in row.items()
            if k.startswith("overhead/") and k != "overhead/fixed_s" and v == v}
     driver = _seconds(row["start_time"], row["end_time"]) + out.get("report", 0.0)

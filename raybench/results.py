@@ -1,8 +1,10 @@
 """The results table: one row per trial, failures included, appended after every trial.
 
 Owns the row layout (identity columns, then every config value, then metrics with units in their
-names, then status and error), atomic writes of `results.parquet` + `results.csv` and the
-per-trial JSON with raw step times. Never parses strings back into objects: Parquet and JSON only.
+names, then status and error), atomic writes of `results.parquet` (its schema metadata carries
+the metric columns' units: columns.py) + `results.csv` and the per-trial JSON with raw step
+times; a row's metric columns must be declared where they are produced. Never parses strings
+back into objects: Parquet and JSON only.
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import yaml
 
-from raybench import interrupts
+from raybench import columns, interrupts, workloads
 from raybench.grid import TrialSpec
 from raybench.records import Status, TrialOutcome, now
 from raybench.report.assess import validity
@@ -134,7 +138,7 @@ class History:
             fcntl.flock(lock, fcntl.LOCK_EX)
             rows = pd.read_parquet(self.parquet).to_dict("records") if self.parquet.exists() else []
             frame = to_frame([*rows, entry])
-            _atomic(self.parquet, lambda p: frame.to_parquet(p, index=False))
+            _atomic(self.parquet, lambda p: write_parquet(frame, p))
             _atomic(self.root / "history.csv", lambda p: frame.to_csv(p, index=False))
 
 
@@ -174,7 +178,7 @@ class ResultsTable:
     def append(self, row: dict[str, Any]) -> None:
         self.rows.append(row)
         frame = to_frame(self.rows)
-        _atomic(self.parquet, lambda p: frame.to_parquet(p, index=False))
+        _atomic(self.parquet, lambda p: write_parquet(frame, p))
         _atomic(self.csv, lambda p: frame.to_csv(p, index=False))
 
     def write_trial(self, trial: TrialSpec, detail: dict[str, Any]) -> Path:
@@ -271,6 +275,9 @@ class RowWriter:
                  result["largest_batch"], result["probes"])
 
     def _append(self, row: dict[str, Any]) -> None:
+        if row.get("workload.name"):  # its module declares its own columns (on import)
+            workloads.get(row["workload.name"])
+        columns.check(list(row), f"{self.table.dir} row {row.get('trial_key')}")
         with interrupts.row_section():
             self.table.append(row)
             if self.history is not None:
@@ -341,6 +348,13 @@ def to_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     metrics = sorted(c for c in frame.columns if "/" in c)
     rest = [c for c in frame.columns if c not in {*ID_COLUMNS, *config, *metrics}]
     return frame[[*ID_COLUMNS, *config, *metrics, *rest]]
+
+
+def write_parquet(frame: pd.DataFrame, path: str | Path) -> None:
+    """The frame as Parquet, with its metric columns' units in the schema metadata."""
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    meta = {**(table.schema.metadata or {}), **columns.metadata(list(frame.columns))}
+    pq.write_table(table.replace_schema_metadata(meta), path)
 
 
 def _atomic(path: Path, write) -> None:

@@ -12,9 +12,17 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from raybench.columns import Metric, declare
 from raybench.grid import TrialSpec, trial_key
 from raybench.records import TrialOutcome, now
 from raybench.sections import LargestBatchSpec
+
+declare(  # the answer's row (results.RowWriter.write_search)
+    Metric("search/largest_batch", "count", "largest batch per rank that fitted (0: none)"),
+    Metric("search/first_failing_batch", "count", "smallest batch per rank that did not fit"),
+    Metric("search/probes", "count", "batch sizes tried"),
+    Metric("search/memory_budget_mb", "MB", "the budget a fitting batch stayed under"),
+)
 
 
 def fits(outcome: TrialOutcome, budget_mb: float | None) -> bool:

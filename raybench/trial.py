@@ -26,9 +26,11 @@ import torch
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from raybench import metrics, workloads
+from raybench.columns import Metric, declare
 from raybench.context import WorkerContext, process_start
 from raybench.failures import failure
 from raybench.grid import TrialSpec, artifact_dir, trace_path
+from raybench.metrics import overhead
 from raybench.plan import NODE_TOKEN
 from raybench.records import RankRecord, TrialOutcome, now
 from raybench.sections import ExecutionSpec
@@ -42,6 +44,14 @@ log = logging.getLogger(__name__)
 # When this module was first imported in this process: on a Ray Train worker, the end of the
 # imports its train function needs (ray.train, torch, raybench), for the fixed-cost breakdown.
 IMPORTED_AT = time.time()
+
+declare(
+    Metric("trial/retries", "count", "attempts lost to a dead worker and retried"),
+    Metric("trial/retry_reasons", "text", "why each lost attempt ended"),
+    Metric("cluster/placement_strategy", "text", "the worker group's placement strategy"),
+    Metric("cluster/concurrency", "text", "execution.concurrency"),
+    Metric("train/checkpoint", "text", "where Ray Train kept rank 0's checkpoint"),
+)
 
 TRAIN_ENV = {
     "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",
@@ -152,7 +162,7 @@ def run_trial(trial: TrialSpec, storage: str, trials_dir: str, execution: Execut
         if trial_start is not None:  # a retried trial's fixed cost includes its lost attempts
             out.stamps["trial_start"] = trial_start
         if out.ok:
-            out.metrics.update(metrics.fixed_cost(out.records, out.stamps))
+            out.metrics.update(overhead.fixed_cost(out.records, out.stamps))
         out.metrics["trial/retries"] = len(lost)
         if lost:
             out.metrics["trial/retry_reasons"] = " | ".join(lost)

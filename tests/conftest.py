@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import textwrap
 from pathlib import Path
 
@@ -9,6 +10,9 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+# Every row any test writes (here or in a sweep it starts) has each metric column declared
+# with its unit (raybench/columns.py): a new figure without its declaration fails a test.
+os.environ["RAYBENCH_STRICT_COLUMNS"] = "1"
 
 TINY_SWEEP = """
 name: tiny

@@ -94,7 +94,7 @@ def test_every_row_names_its_device():
 
 
 def test_fixed_cost_phases_from_the_runner_and_rank_stamps():
-    from raybench.metrics import fixed_cost
+    from raybench.metrics.overhead import fixed_cost
 
     def stamped(rank, entry, setup, measured_end, **extra):
         r = record(rank, 0.1, n=10)  # a 1.0 s measured window, warmup 2 x 0.1 s

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from raybench import telemetry
-from raybench.metrics import gpu_telemetry
+from raybench.metrics.gpu import gpu_telemetry
 from tests.test_metrics import record
 
 

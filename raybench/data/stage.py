@@ -18,9 +18,22 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from raybench.columns import Metric, declare
 from raybench.records import TrialOutcome
 
 log = logging.getLogger(__name__)
+
+declare(
+    Metric("preprocess/chips", "count", "chips cut by this run of the stage"),
+    Metric("preprocess/chips_total", "count", "chips in the stage's output"),
+    Metric("preprocess/chips_per_s", "chips/s", "chips cut over the stage's work time"),
+    Metric("preprocess/mb_per_s", "MB/s", "chip bytes written over the work time"),
+    Metric("preprocess/seconds", "s", "the stage's work time"),
+    Metric("preprocess/wall_s", "s", "the stage's wall time on the driver, cache check included"),
+    Metric("preprocess/peak_rss_mb_{where}", "MB", "peak resident memory of a worker or the "
+           "driver"),
+    Metric("preprocess/cached", "bool", "the output was found and reused"),
+)
 
 
 class GenerateSpec(BaseModel):

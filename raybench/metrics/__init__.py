@@ -16,12 +16,66 @@ from typing import Any
 import numpy as np
 
 from raybench import workloads
+from raybench.columns import Metric, declare
 from raybench.flops import mfu
+from raybench.metrics.gpu import gpu_telemetry
 from raybench.records import RankRecord, TrialOutcome
 
 PERCENTILES = (50, 90, 95, 99)
 INPUT_BOUND_PCT = 20.0  # waiting for data beyond this share of step time: the input is the limit
 SLOW_RANK_PCT = 10.0  # a rank's own compute this far above the median rank's: a slow device
+
+declare(
+    Metric("train/samples_per_s", "samples/s", "every rank's own rate over its measured "
+           "windows, summed"),
+    Metric("train/samples_per_s_per_worker", "samples/s", "train/samples_per_s per rank"),
+    Metric("train/global_batch_size", "count", "samples per step, all ranks"),
+    Metric("train/world_size", "count", "ranks"),
+    Metric("train/step_time_mean_ms", "ms", "step time, every rank's measured steps pooled"),
+    Metric("train/step_time_std_ms", "ms", "standard deviation of the pooled step times"),
+    Metric("train/step_time_p{q}_ms", "ms", "percentile of the pooled step times (50, 90, 95, "
+           "99)"),
+    Metric("train/step_time_cv_pct", "%", "step-time std / mean (the validity check's)"),
+    Metric("train/compute_time_mean_ms", "ms", "a step's part after its batch is on the device"),
+    Metric("train/data_wait_mean_ms", "ms", "a step's wait for its batch"),
+    Metric("train/data_wait_pct", "%", "share of step time spent waiting for data"),
+    Metric("train/input_bound", "bool", f"data wait above {INPUT_BOUND_PCT:g}% of step time"),
+    Metric("train/rank_skew_pct", "%", "slowest rank's mean step over the fastest's, minus 1"),
+    Metric("train/repeat_cv_pct", "%", "throughput CV over measure.repeats windows"),
+    Metric("train/measured_steps", "count", "measured steps per rank"),
+    Metric("train/measured_s", "s", "measured windows, longest rank"),
+    Metric("train/warmup_s", "s", "warmup steps, longest rank"),
+    Metric("train/setup_s", "s", "the workload's set-up, longest rank"),
+    Metric("train/loss_final", "score", "rank 0's last loss"),
+    Metric("train/loss_finite", "bool", "every rank's last loss is a number"),
+    Metric("train/{phase}_mean_ms", "ms", "a step phase (forward, backward, optimizer), mean"),
+    Metric("train/{phase}_std_ms", "ms", "a step phase, standard deviation"),
+    Metric("train/{phase}_p50_ms", "ms", "a step phase, median"),
+    Metric("train/own_compute_median_ms", "ms", "median rank's own forward + backward"),
+    Metric("train/own_compute_skew_pct", "%", "slowest rank's own compute over the fastest's"),
+    Metric("train/slow_ranks", "text", f"ranks {SLOW_RANK_PCT:g}% above the median's own compute"),
+    Metric("train/epochs", "count", "epochs run"),
+    Metric("train/train_time_s", "s", "training time of every epoch, evaluation excluded"),
+    Metric("train/epoch_times_s", "s", "each epoch's training time (JSON list)"),
+    Metric("eval/time_s", "s", "evaluation time of every epoch"),
+    Metric("eval/accuracy_metric", "text", "the workload's accuracy column"),
+    Metric("mem/peak_allocated_mb", "MB", "device memory peak allocated by tensors, any rank"),
+    Metric("mem/peak_reserved_mb", "MB", "device memory peak held by the allocator, any rank"),
+    Metric("mem/allocated_mb", "MB", "device memory allocated at the window's end, any rank"),
+    Metric("mem/reserved_mb", "MB", "device memory reserved at the window's end, any rank"),
+    Metric("host/rss_peak_mb", "MB", "peak resident memory of a rank process"),
+    Metric("host/cpu_util_pct", "%", "CPU time of a rank process over the window (100 = one "
+           "core), mean of ranks"),
+    Metric("model/params_m", "M", "parameters, millions"),
+    Metric("model/size_mb", "MB", "parameters and buffers"),
+    Metric("cluster/nodes_used", "count", "distinct nodes the ranks ran on"),
+    Metric("cluster/rank_nodes", "text", "each rank's node, in rank order"),
+    Metric("cluster/rank_gpus", "text", "each rank's GPU ids, in rank order"),
+    Metric("perf/gflops_per_sample", "GFLOP", "work of one sample of a step (forward, plus "
+           "backward when training)"),
+    Metric("perf/achieved_tflops_per_gpu", "TFLOP/s", "FLOPs per second per rank"),
+    Metric("perf/mfu_pct", "%", "achieved over the device's dense peak at this precision"),
+)
 
 
 Records = list[RankRecord] | list[dict[str, Any]]
@@ -107,41 +161,6 @@ def summarize(records: Records) -> dict[str, Any]:
     return out
 
 
-def fixed_cost(records: Records, stamps: dict[str, float]) -> dict[str, Any]:
-    """Where a trial's time outside its measured window went, in seconds, from the wall-clock
-    stamps of the runner (`trial_start`, `fit_start`, `fit_end`) and of every rank. Phases:
-    trial_start (the runner's own start of the trial: Tune's function trial, the trainer),
-    train_start (Ray Train: controller actor, worker placement and processes, their imports,
-    the process group; to the last rank's entry), rank_prep (device, threads, math mode),
-    setup (the workload's model and data), warmup, record (FLOP count, trace, gathering the
-    records), teardown (the worker group and controller ending). Empty without stamps."""
-    records = [RankRecord.of(r) for r in records or []]
-    st = [r.stamps for r in records]
-    need = ("loop_entry", "setup_start", "setup_end", "measure_end")
-    if not records or not all(all(k in s for k in need) for s in st):
-        return {}
-    rank0 = min(records, key=lambda r: r.rank).stamps
-    entry = max(s["loop_entry"] for s in st)
-    out: dict[str, Any] = {
-        "overhead/rank_prep_s": max(s["setup_start"] - s["loop_entry"] for s in st),
-        "overhead/setup_s": max(s["setup_end"] - s["setup_start"] for s in st),
-        "overhead/warmup_s": float(max(sum(r.warmup_s) for r in records)),
-    }
-    if "loop_exit" in rank0:
-        out["overhead/record_s"] = rank0["loop_exit"] - max(s["measure_end"] for s in st)
-    if "fit_start" in stamps:
-        out["overhead/train_start_s"] = entry - stamps["fit_start"]
-        if "trial_start" in stamps:
-            out["overhead/trial_start_s"] = stamps["fit_start"] - stamps["trial_start"]
-    if "fit_end" in stamps and "loop_exit" in rank0:
-        out["overhead/teardown_s"] = stamps["fit_end"] - rank0["loop_exit"]
-    if "fit_end" in stamps:
-        start = stamps.get("trial_start", stamps.get("fit_start", entry))
-        measured = max(sum(r.windows_s) for r in records)
-        out["overhead/fixed_s"] = stamps["fit_end"] - start - measured
-    return out
-
-
 def device_column(names: Iterable[str]) -> str:
     """What the row ran on, as the tile suites log it ("NVIDIA H100 80GB HBM3"; "cpu"): the
     distinct device names of its ranks or replicas, so a mixed-GPU trial shows as mixed."""
@@ -191,34 +210,6 @@ def epoch_metrics(epochs: list[dict[str, Any]] | None) -> dict[str, Any]:
     }
     out.update({k: v for k, v in last.items() if "/" in k and k != "eval/seconds"})
     return out
-
-
-def gpu_telemetry(records: Records) -> dict[str, Any]:
-    """Every rank's GPU figures combined: means of means, maxima, energy summed; empty columns
-    (None) where no rank had telemetry, so CPU rows keep the same schema."""
-    records = [RankRecord.of(r) for r in records]
-    gpus = [r.gpu for r in records if r.gpu]
-
-    def pick(key: str, how) -> float | None:
-        vals = [g[key] for g in gpus if g.get(key) is not None]
-        return float(how(vals)) if vals else None
-
-    energy = pick("energy_j", sum)
-    samples = sum(r.samples_per_step * len(r.compute_s) for r in records)
-    return {
-        "gpu/util_mean_pct": pick("util_mean_pct", statistics.mean),
-        "gpu/util_max_pct": pick("util_max_pct", max),
-        "gpu/power_mean_w": pick("power_mean_w", statistics.mean),
-        "gpu/energy_j": energy,
-        "gpu/energy_per_sample_j": energy / samples if energy and len(gpus) == len(records)
-        else None,
-        "gpu/temp_max_c": pick("temp_max_c", max),
-        "gpu/sm_clock_mean_mhz": pick("sm_clock_mean_mhz", statistics.mean),
-        "gpu/throttled": any(g["throttled"] for g in gpus) if gpus else None,
-        "gpu/power_capped_pct": pick("power_capped_pct", max),
-        "gpu/throttle_reasons": ",".join(sorted({x for g in gpus for x in
-                                                 g["throttle_reasons"].split(",") if x})) or None,
-    }
 
 
 def per_rank_table(records: Records) -> list[dict[str, Any]]:

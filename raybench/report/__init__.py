@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow.parquet as pq
 
+from raybench import columns
 from raybench.report import figures, page
 from raybench.report.assess import (
     THROUGHPUT,
@@ -39,12 +41,13 @@ TABLE_COLUMNS = ["valid", "run_id", "stage", "trial_key", "status", "device", TH
 def load(run_dir: Path) -> dict[str, Any]:
     run_dir = Path(run_dir)
     frame = pd.read_parquet(run_dir / "results.parquet")
+    units = columns.read_metadata(pq.read_schema(run_dir / "results.parquet").metadata)
     info_path = run_dir / "system_info.json"
     details = {}
     for path in sorted((run_dir / "trials").glob("*.json")):
         d = json.loads(path.read_text())
         details[d["row"]["trial_key"]] = d
-    return {"dir": str(run_dir), "frame": frame, "details": details,
+    return {"dir": str(run_dir), "frame": frame, "details": details, "units": units,
             "system": json.loads(info_path.read_text()) if info_path.exists() else {}}
 
 
@@ -53,7 +56,7 @@ def model(runs: list[dict[str, Any]], memory_budget_mb: float | None = None) -> 
     df = with_scaling(pd.concat([r["frame"] for r in runs], ignore_index=True))
     judged = with_validity(df)
     varied = varied_columns(df[df["stage"] == "benchmark"] if "stage" in df else df)
-    columns = [c for c in TABLE_COLUMNS[:5] if c in judged] + varied + \
+    shown = [c for c in TABLE_COLUMNS[:5] if c in judged] + varied + \
         [c for c in TABLE_COLUMNS[5:] if c in judged and judged[c].notna().any()]
     sweeps = sorted(set(df["sweep"].astype(str))) if "sweep" in df else ["?"]
     header = []
@@ -73,8 +76,9 @@ def model(runs: list[dict[str, Any]], memory_budget_mb: float | None = None) -> 
         header += [node_line(ip, facts) for ip, facts in s.get("nodes", {}).items()]
     return {
         "title": " vs ".join(sweeps) if len(runs) > 1 else sweeps[0],
-        "header": header, "columns": columns,
-        "rows": judged[columns + ["validity_reasons", "validity_notes"]].to_dict("records"),
+        "header": header, "columns": shown,
+        "units": {k: v for r in runs for k, v in r.get("units", {}).items()},
+        "rows": judged[shown + ["validity_reasons", "validity_notes"]].to_dict("records"),
         "recommendations": recommend(df, memory_budget_mb),
         "frame": df,
         "details": {k: v for r in runs for k, v in r["details"].items()},
@@ -109,7 +113,7 @@ def write(run_dirs: list[Path], out: Path, memory_budget_mb: float | None = None
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text, encoding="utf-8")
-    summary = {"title": m["title"], "header": m["header"],
+    summary = {"title": m["title"], "header": m["header"], "units": m["units"],
                "recommendations": m["recommendations"], "trials": m["rows"]}
     (out.parent / "benchmark_report.json").write_text(json.dumps(summary, indent=1, default=str))
     (out.parent / "benchmark_report.md").write_text(markdown(m))
@@ -121,7 +125,9 @@ def markdown(m: dict[str, Any]) -> str:
     for key, pick in m["recommendations"].items():
         if isinstance(pick, dict):
             lines.append(f"- {key}: {pick['label']}: {rate_text(pick)}")
-    lines += ["", "## Trials", "", "| " + " | ".join(m["columns"]) + " |",
+    units = m.get("units") or {}
+    heads = [f"{c} ({units[c]['unit']})" if c in units else c for c in m["columns"]]
+    lines += ["", "## Trials", "", "| " + " | ".join(heads) + " |",
               "|" + " --- |" * len(m["columns"])]
     for r in m["rows"]:
         cells = [f"{v:.4g}" if isinstance(v, float) else str(v) for v in
@@ -133,6 +139,7 @@ def markdown(m: dict[str, Any]) -> str:
 def write_history(history: Path, out: Path, threshold_pct: float = 5.0) -> Path:
     """A metric over time per configuration from history.parquet, regressions flagged."""
     hist = pd.read_parquet(history)
+    units = columns.read_metadata(pq.read_schema(history).metadata)
     flagged = regressions(hist, threshold_pct)
     cols = ["sweep", "trial_key", "run_id", "recorded_at", "code_version", THROUGHPUT,
             "drop_pct", "limit_pct"]
@@ -140,8 +147,9 @@ def write_history(history: Path, out: Path, threshold_pct: float = 5.0) -> Path:
          "header": [f"{history}: {len(hist)} rows, {hist['run_id'].nunique()} runs; "
                     f"threshold {threshold_pct:g}% or twice the run's step-time CV%"],
          "columns": cols if not flagged.empty else ["sweep"],
-         "rows": flagged[cols].to_dict("records") if not flagged.empty else []}
-    fig = figures.history(hist, flagged)
+         "rows": flagged[cols].to_dict("records") if not flagged.empty else [],
+         "units": units}
+    fig = figures.history(hist, flagged, unit=units.get(THROUGHPUT, {}).get("unit"))
     out.write_text(page.render(m, [("history", fig)] if fig else []), encoding="utf-8")
     return out
 

@@ -296,8 +296,8 @@ def comparison_per_rank(df: pd.DataFrame) -> go.Figure | None:
     return fig
 
 
-def history(hist: pd.DataFrame, flagged: pd.DataFrame, metric: str = THROUGHPUT
-            ) -> go.Figure | None:
+def history(hist: pd.DataFrame, flagged: pd.DataFrame, metric: str = THROUGHPUT,
+            unit: str | None = None) -> go.Figure | None:
     """A metric over time per configuration (trial key), regressions marked."""
     ok = _ok(hist)
     if ok.empty or metric not in ok:
@@ -310,5 +310,6 @@ def history(hist: pd.DataFrame, flagged: pd.DataFrame, metric: str = THROUGHPUT
         fig.add_trace(go.Scatter(x=flagged["recorded_at"], y=flagged[metric], mode="markers",
                                  name="regression", marker={"symbol": "x", "size": 14,
                                                             "color": "crimson"}))
-    fig.update_layout(title=f"History: {metric}", xaxis_title="recorded at", yaxis_title=metric)
+    fig.update_layout(title=f"History: {metric}", xaxis_title="recorded at",
+                      yaxis_title=f"{metric} ({unit})" if unit else metric)
     return fig

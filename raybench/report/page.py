@@ -24,6 +24,7 @@ table{border-collapse:collapse;font-size:12px;margin:12px 0}
 th,td{border:1px solid #ddd;padding:3px 6px;text-align:right;white-space:nowrap}
 th{background:#f3f3f3;cursor:pointer;position:sticky;top:0}
 .badge{padding:1px 6px;border-radius:8px;color:#fff;font-size:11px}
+.unit{display:block;font-weight:normal;color:#666;font-size:11px}
 .valid{background:#2e7d32}.invalid{background:#c62828}
 .note{color:#8a6d00;font-size:11px}
 .rec{border:1px solid #ccc;border-radius:6px;padding:8px 12px;margin:8px 0;background:#fafafa}
@@ -58,7 +59,7 @@ def render(model: dict[str, Any], figures: list[tuple[str, go.Figure]]) -> str:
         *(["<h2>Recommendations</h2>", _recommendations(model["recommendations"])]
           if model.get("recommendations") else []),
         f"<h2>{e(model.get('table_title', 'Trials'))}</h2>",
-        _table(model["columns"], model["rows"]),
+        _table(model["columns"], model["rows"], model.get("units") or {}),
     ]
     for i, (name, fig) in enumerate(figures):
         parts.append(_figure(f"fig-{i}-{name}", fig))
@@ -96,9 +97,15 @@ def _recommendations(rec: dict[str, Any]) -> str:
     return "".join(out)
 
 
-def _table(columns: list[str], rows: list[dict[str, Any]]) -> str:
+def _table(columns: list[str], rows: list[dict[str, Any]],
+           units: dict[str, dict[str, str]]) -> str:
+    """Rows as a sortable table; a metric column's header shows its declared unit, its
+    meaning on hover (tables written before units were declared show neither)."""
     e = html.escape
-    head = "".join(f"<th>{e(c)}</th>" for c in columns)
+    head = "".join(
+        f"<th title='{e(units[c]['unit'] + ': ' + units[c]['doc'])}'>{e(c)}"
+        f"<span class='unit'>{e(units[c]['unit'])}</span></th>" if c in units
+        else f"<th>{e(c)}</th>" for c in columns)
     body = []
     for r in rows:
         cells = []

@@ -22,6 +22,7 @@ from raybench import metrics
 from raybench.context import WorkerContext, process_start
 from raybench.failures import failure
 from raybench.grid import TrialSpec, artifact_dir, trace_path
+from raybench.metrics import overhead
 from raybench.records import TrialOutcome, now
 from raybench.runners import Done, Runner
 from raybench.worker import run_worker
@@ -43,7 +44,7 @@ class LocalRunner(Runner):
             outcome.start_time, outcome.end_time = start, now()
             outcome.stamps = {"trial_start": t0, "fit_start": t0, "fit_end": time.time()}
             if outcome.ok and trial.inference is None:  # replicas keep no rank records
-                outcome.metrics.update(metrics.fixed_cost(outcome.records, outcome.stamps))
+                outcome.metrics.update(overhead.fixed_cost(outcome.records, outcome.stamps))
             done(trial, outcome)
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from raybench import cluster, plan
+from raybench.columns import Metric, declare
 from raybench.grid import TrialSpec
 from raybench.records import TrialOutcome, now
 from raybench.results import storage_uri
@@ -24,6 +25,9 @@ from raybench.runners import Done, Runner
 from raybench.spec import SpecError
 
 log = logging.getLogger("raybench.sweep")
+
+declare(Metric("overhead/report_s", "s", "the trial's end to its outcome reaching the driver "
+               "through Tune"))
 
 
 class RayRunner(Runner):

@@ -22,10 +22,38 @@ from typing import Any
 import numpy as np
 
 from raybench import workloads
+from raybench.columns import Metric, declare
 from raybench.flops import mfu
 from raybench.grid import TrialSpec
 from raybench.metrics import device_column
 from raybench.scenarios.replica import Replica
+
+declare(
+    Metric("infer/samples", "count", "samples in the timed pass"),
+    Metric("infer/wall_s", "s", "the timed pass, first batch start to last batch end"),
+    Metric("infer/samples_per_s", "samples/s", "samples over the timed pass, all replicas"),
+    Metric("infer/replicas_used", "count", "replicas that served a batch"),
+    Metric("infer/nodes_used", "count", "nodes whose replicas served a batch"),
+    Metric("infer/replica_samples_per_s_{stat}", "samples/s", "a replica's rate while busy "
+           "(mean, min, max over replicas)"),
+    Metric("infer/node_samples_per_s", "samples/s", "each node's rate (JSON {node: rate})"),
+    Metric("infer/busy_pct", "%", "replicas' service time over replicas x the pass"),
+    Metric("infer/batch_p{q}_ms", "ms", "service time of a batch, percentile"),
+    Metric("infer/setup_s", "s", "slowest replica's start-up (model, warmup)"),
+    Metric("infer/project_samples", "count", "the dataset size projected to"),
+    Metric("infer/projected_s", "s", "start-up plus project_samples at the measured rate"),
+    Metric("infer/tokens_per_s", "tokens/s", "generated tokens over the pass"),
+    Metric("infer/prefill_tokens_per_s", "tokens/s", "prompt tokens over time to first token"),
+    Metric("infer/decode_tokens_per_s", "tokens/s", "generated tokens after the first over "
+           "their time"),
+    Metric("infer/accuracy", "score", "the accuracy gate's figure (agreement or task score)"),
+    Metric("infer/accuracy_metric", "text", "what infer/accuracy is"),
+    Metric("infer/accuracy_target", "score", "inference.accuracy_target"),
+    Metric("infer/accuracy_compared", "count", "elements or samples the gate compared"),
+    Metric("infer/accuracy_ok", "bool", "infer/accuracy reached the target"),
+    Metric("infer/accuracy_check_s", "s", "the reference or validation pass, slowest replica"),
+    Metric("infer/score/{name}", "score", "the task's scores of the worst replica"),
+)
 
 
 def summarize(records: list[dict[str, Any]], stats: list[dict[str, Any]], trial: TrialSpec,

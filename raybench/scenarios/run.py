@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from raybench import workloads
+from raybench.columns import Metric, declare
 from raybench.failures import failure
 from raybench.grid import TrialSpec
 from raybench.records import TrialOutcome
@@ -23,6 +24,25 @@ from raybench.scenarios import offline, server
 from raybench.scenarios.replica import Replica
 
 QUERY_POOL = 64  # distinct query inputs a Server run cycles through (made once, sent many times)
+
+declare(
+    Metric("server/rate_qps", "queries/s", "highest Poisson rate that met the latency bound"),
+    Metric("server/met_bound", "bool", "a rate met the bound"),
+    Metric("server/latency_bound_ms", "ms", "inference.latency_bound_ms"),
+    Metric("server/latency_percentile", "%", "the percentile the bound applies to"),
+    Metric("server/capacity_estimate_qps", "queries/s", "the search's start, from service times"),
+    Metric("server/probes", "count", "rates tried"),
+    Metric("server/search_truncated", "bool", "a probe ended at its query limit"),
+    Metric("server/queries", "count", "queries of the rate shown"),
+    Metric("server/max_batch_queries", "count", "inference.max_batch_queries"),
+    Metric("server/queries_per_call", "score", "queries batched per replica call, mean"),
+    Metric("server/samples_per_s", "samples/s", "server/rate_qps x samples per query"),
+    Metric("server/p{q}_ms", "ms", "query latency percentile at the rate shown"),
+    Metric("server/service_mean_ms", "ms", "a replica call's service time, mean"),
+    Metric("server/ttft_p{q}_ms", "ms", "time to first token, percentile"),
+    Metric("server/tpot_p{q}_ms", "ms", "time per output token after the first, percentile"),
+    Metric("server/search", "text", "every probe (JSON list)"),
+)
 
 
 def run_trial(trial: TrialSpec, runner: str, start_timeout_s: float = 30.0,

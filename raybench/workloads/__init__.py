@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from raybench.columns import Metric, declare
+
 if TYPE_CHECKING:
     import torch
 
@@ -56,6 +58,9 @@ class Workload(ABC):
     # `serving_validation_ids` and `serving_score`); None there: agreement of predictions with
     # an fp32 reference pass of the same weights.
     accuracy_metric: ClassVar[str | None] = None
+    # The row columns this workload adds (through `row_metrics`, or `end_epoch`'s figures),
+    # each with its unit; registered with the core's when the workload registers.
+    columns: ClassVar[tuple[Metric, ...]] = ()
 
     def __init__(self, params: WorkloadParams, ctx: WorkerContext):
         self.params = params
@@ -119,7 +124,8 @@ class Workload(ABC):
     @classmethod
     def row_metrics(cls, records: list[RankRecord], row: dict[str, Any]) -> dict[str, Any]:
         """This workload's own row metrics from every rank's record (its `describe()` facts are
-        in each) and the core metrics already computed; keys `namespace/quantity_unit`."""
+        in each) and the core metrics already computed; keys `namespace/quantity_unit`, each
+        declared in `columns`."""
         return {}
 
     @classmethod
@@ -192,6 +198,7 @@ _loaded = False
 def register(cls: type[Workload]) -> type[Workload]:
     if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
         raise ValueError(f"workload name '{cls.name}' registered twice")
+    declare(*cls.columns)
     _REGISTRY[cls.name] = cls
     return cls
 

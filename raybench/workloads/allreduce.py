@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from pydantic import Field
 
+from raybench.columns import Metric
 from raybench.records import RankRecord
 from raybench.workloads import Workload, WorkloadParams, register
 
@@ -64,6 +65,13 @@ class Allreduce(Workload):
 
     def describe(self) -> dict[str, Any]:
         return {"message_bytes": self.buffer.numel() * 4}
+
+    columns = (
+        Metric("comm/message_mb", "MB", "size of the all-reduced buffer"),
+        Metric("comm/time_per_op_us", "us", "median time of one all-reduce"),
+        Metric("comm/algbw_gb_s", "GB/s", "algorithm bandwidth: bytes / time per operation"),
+        Metric("comm/busbw_gb_s", "GB/s", "bus bandwidth: algbw x 2(n-1)/n (nccl-tests)"),
+    )
 
     @classmethod
     def row_metrics(cls, records: list[RankRecord], row: dict[str, Any]) -> dict[str, Any]:

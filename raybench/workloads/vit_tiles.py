@@ -19,6 +19,7 @@ import torch
 from pydantic import Field, model_validator
 from torch import nn
 
+from raybench.columns import Metric
 from raybench.records import RankRecord
 from raybench.workloads import Servable, WorkloadParams, register
 
@@ -213,6 +214,12 @@ class VitTiles(Servable):
     def describe(self) -> dict[str, Any]:
         p = self.params
         return {"input_shape": [p.bands, p.tile, p.tile], "pixels_per_sample": p.tile * p.tile}
+
+    columns = (
+        Metric("train/pixels_per_s", "pixels/s", "samples/s x pixels per tile"),
+        Metric("train/pixels_per_s_per_mb", "pixels/s/MB", "pixels/s per MB of the memory "
+               "peak that limits the tile (device on GPU, process on CPU)"),
+    )
 
     @classmethod
     def row_metrics(cls, records: list[RankRecord], row: dict[str, Any]) -> dict[str, Any]:

@@ -30,6 +30,7 @@ import torch
 from pydantic import Field, model_validator
 from torch import nn
 
+from raybench.columns import Metric
 from raybench.data import xview3 as x3
 from raybench.data.chipset import ChipSet, chip_params_of, collate
 from raybench.data.stage import GenerateSpec
@@ -40,6 +41,7 @@ log = logging.getLogger(__name__)
 NUM_CLASSES = 4  # background, fishing, non-fishing, non-vessel
 FPN_LEVELS = {"resnet50_fpn": 5, "resnet18_fpn": 5, "mobilenet_v3_fpn": 3}
 SYNTH = "data/xview3_synth"
+SCORES = ("aggregate", "detection_f1", "shore_f1", "vessel_f1", "fishing_f1", "length_score")
 
 
 class FrcnnParams(WorkloadParams):
@@ -229,6 +231,15 @@ class Xview3Frcnn(EpochWorkload, Servable):
     Params = FrcnnParams
     params: FrcnnParams
     accuracy_metric = "xview3/aggregate"
+    columns = (  # the last epoch's (end_epoch), then the best epoch's (row_metrics)
+        *(Metric(f"xview3/{k}", "score", f"xView3 {k} of the last epoch") for k in SCORES),
+        *(Metric(f"xview3/{k}", "count", f"{k} of the last epoch (matched detections)")
+          for k in ("tp", "fp", "fn", "predictions")),
+        Metric("det/map50", "score", "mean average precision at IoU 0.5, last epoch"),
+        Metric("xview3/best_aggregate", "score", "the best epoch's aggregate"),
+        Metric("xview3/best_epoch", "count", "the best epoch (from 1)"),
+        Metric("xview3/epoch_aggregates", "score", "each epoch's aggregate (JSON list)"),
+    )
 
     @classmethod
     def row_metrics(cls, records: list[RankRecord], row: dict[str, Any]) -> dict[str, Any]:
@@ -405,8 +416,7 @@ class Xview3Frcnn(EpochWorkload, Servable):
             np.zeros((0, 4)), [], [], "", 0, 0)
         predictions = to_predictions(rows, self.params.score_threshold, self.params.dedup_px)
         s = score(predictions, self.val_labels, self.shorelines)
-        out = {f"xview3/{k}": s[k] for k in ("aggregate", "detection_f1", "shore_f1",
-                                              "vessel_f1", "fishing_f1", "length_score")}
+        out = {f"xview3/{k}": s[k] for k in SCORES}
         out.update({"xview3/tp": s["tp"], "xview3/fp": s["fp"], "xview3/fn": s["fn"],
                     "xview3/predictions": len(predictions), "det/map50": map50(preds, truths)})
         return out, predictions

@@ -1,0 +1,64 @@
+"""A trial's fixed cost: where its wall time outside the measured window went, per phase.
+
+Owns the `overhead/*` columns, from the runner's stamps and every rank's (records.RankRecord
+.stamps). Pure. Does not measure anything itself; `bench overhead` prints their medians.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from raybench.columns import Metric, declare
+from raybench.records import RankRecord
+
+declare(
+    Metric("overhead/trial_start_s", "s", "the runner's own start of the trial (Tune's "
+           "function trial, the trainer object)"),
+    Metric("overhead/train_start_s", "s", "fit start to the last rank's entry: controller, "
+           "worker placement and processes, their imports, the process group"),
+    Metric("overhead/rank_prep_s", "s", "a rank's device, threads and math mode (slowest rank)"),
+    Metric("overhead/setup_s", "s", "the workload's model and data (slowest rank)"),
+    Metric("overhead/warmup_s", "s", "unmeasured warmup steps (slowest rank)"),
+    Metric("overhead/record_s", "s", "measured window's end to rank 0's exit: FLOP count, "
+           "trace, gathering the records"),
+    Metric("overhead/teardown_s", "s", "rank 0's exit to the fit's return: the worker group "
+           "and controller ending"),
+    Metric("overhead/fixed_s", "s", "the trial's wall time minus its measured window"),
+)
+
+
+def fixed_cost(records: list[RankRecord] | list[dict[str, Any]],
+               stamps: dict[str, float]) -> dict[str, Any]:
+    """Where a trial's time outside its measured window went, in seconds, from the wall-clock
+    stamps of the runner (`trial_start`, `fit_start`, `fit_end`) and of every rank. Phases:
+    trial_start (the runner's own start of the trial: Tune's function trial, the trainer),
+    train_start (Ray Train: controller actor, worker placement and processes, their imports,
+    the process group; to the last rank's entry), rank_prep (device, threads, math mode),
+    setup (the workload's model and data), warmup, record (FLOP count, trace, gathering the
+    records), teardown (the worker group and controller ending). Empty without stamps."""
+    records = [RankRecord.of(r) for r in records or []]
+    st = [r.stamps for r in records]
+    need = ("loop_entry", "setup_start", "setup_end", "measure_end")
+    if not records or not all(all(k in s for k in need) for s in st):
+        return {}
+    rank0 = min(records, key=lambda r: r.rank).stamps
+    entry = max(s["loop_entry"] for s in st)
+    out: dict[str, Any] = {
+        "overhead/rank_prep_s": max(s["setup_start"] - s["loop_entry"] for s in st),
+        "overhead/setup_s": max(s["setup_end"] - s["setup_start"] for s in st),
+        "overhead/warmup_s": float(max(sum(r.warmup_s) for r in records)),
+    }
+    if "loop_exit" in rank0:
+        out["overhead/record_s"] = rank0["loop_exit"] - max(s["measure_end"] for s in st)
+    if "fit_start" in stamps:
+        out["overhead/train_start_s"] = entry - stamps["fit_start"]
+        if "trial_start" in stamps:
+            out["overhead/trial_start_s"] = stamps["fit_start"] - stamps["trial_start"]
+    if "fit_end" in stamps and "loop_exit" in rank0:
+        out["overhead/teardown_s"] = stamps["fit_end"] - rank0["loop_exit"]
+    if "fit_end" in stamps:
+        start = stamps.get("trial_start", stamps.get("fit_start", entry))
+        measured = max(sum(r.windows_s) for r in records)
+        out["overhead/fixed_s"] = stamps["fit_end"] - start - measured
+    return out
+
