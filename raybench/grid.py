@@ -17,6 +17,7 @@ from typing import Any
 from raybench import workloads
 from raybench.data.stage import PreprocessSpec
 from raybench.scenarios import InferenceSpec
+from raybench.sections import env_problem
 from raybench.spec import (
     HardwareSpec,
     MeasureSpec,
@@ -49,7 +50,10 @@ class TrialSpec:
         for section in ALL_SECTIONS:
             if getattr(self, section) is not None:
                 for k, v in getattr(self, section).model_dump().items():
-                    flat[f"{section}.{k}"] = v
+                    if isinstance(v, dict):  # hardware.env: a column per variable
+                        flat.update({f"{section}.{k}.{name}": x for name, x in v.items()})
+                    else:
+                        flat[f"{section}.{k}"] = v
         return flat
 
     def resources(self) -> dict[str, Any]:
@@ -75,8 +79,16 @@ class TrialSpec:
 
 
 def resolve_key(key: str, spec: SweepSpec) -> str:
-    """`batch_size` -> `workload.batch_size`; a dotted key must name a known field."""
+    """`batch_size` -> `workload.batch_size`; a dotted key must name a known field;
+    `env.NAME` (or `hardware.env.NAME`) -> `hardware.env.NAME`, one variable of the workers."""
     models = _section_models(spec)
+    if key.startswith(("env.", "hardware.env.")):
+        name = key.split("env.", 1)[1]
+        why = env_problem(name)
+        if why:
+            raise SpecError(spec.source, f"grid.{key}", None, why,
+                            "sweep another variable, or the hardware field that owns it")
+        return f"hardware.env.{name}"
     if "." in key:
         section, _, name = key.partition(".")
         if section in models and name in models[section].model_fields:
@@ -168,7 +180,7 @@ def _check_axis_values(spec: SweepSpec, axes: list[tuple[str, list[Any]]]) -> No
     for key, values in axes:
         section, _, name = key.partition(".")
         for i, value in enumerate(values):
-            data = {**_base(spec, section), name: value}
+            data = _with(_base(spec, section), name, value)
             try:
                 build_model(models[section], data, section, spec.source)
             except SpecError as e:
@@ -177,13 +189,21 @@ def _check_axis_values(spec: SweepSpec, axes: list[tuple[str, list[Any]]]) -> No
                 raise SpecError(spec.source, f"grid.{key}[{i}]", value, e.problem, e.fix) from None
 
 
+def _with(data: dict[str, Any], name: str, value: Any) -> dict[str, Any]:
+    """A section's data with one axis value set: a field, or `env.NAME` inside `env`."""
+    if name.startswith("env."):
+        return {**data, "env": {**data.get("env", {}), name[4:]: value}}
+    return {**data, name: value}
+
+
 def _resolve(spec: SweepSpec, index: int, overrides: dict[str, Any]) -> TrialSpec:
     models = _section_models(spec)
     resolved = {}
     for section in models:
         data = _base(spec, section)
-        data.update({k.partition(".")[2]: v for k, v in overrides.items()
-                     if k.startswith(section + ".")})
+        for k, v in overrides.items():
+            if k.startswith(section + "."):
+                data = _with(data, k.partition(".")[2], v)
         if section == "measure":
             data = _with_workload_defaults(spec, resolved["workload"], data)
         where = f"grid combination {overrides}" if overrides else section
@@ -220,6 +240,8 @@ def trial_key(workload_name: str, sections: dict[str, Any]) -> str:
     payload = {"workload.name": workload_name,
                **{s: sections[s].model_dump(mode="json") for s in ALL_SECTIONS
                   if sections.get(s) is not None}}
+    if not payload["hardware"].get("env", True):
+        del payload["hardware"]["env"]  # keys of trials without one stay what they were
     blob = json.dumps(payload, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 

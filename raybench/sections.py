@@ -8,11 +8,34 @@ inference sections) and owns the errors; this module owns only the fields and th
 
 from __future__ import annotations
 
-from typing import Literal
+import re
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Precision = Literal["fp32", "tf32", "amp_fp16", "bf16"]
+
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Variables raybench, Ray or torch.distributed set per worker: a sweep value would be
+# overwritten, or would break placement and the process group.
+OWNED_ENV = frozenset({
+    "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
+    "ROCR_VISIBLE_DEVICES", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+    "GROUP_RANK", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS",
+})
+OWNED_ENV_PREFIXES = ("RAY_", "TUNE_", "RAYBENCH_")
+
+
+def env_problem(name: str) -> str | None:
+    """Why a variable cannot be a sweep setting, or None."""
+    if not ENV_NAME.fullmatch(name):
+        return (f"'{name}' is not an environment variable name (letters, digits and _, not "
+                "starting with a digit)")
+    if name in OWNED_ENV or name.startswith(OWNED_ENV_PREFIXES):
+        how = ("hardware.cpus_per_worker sets it" if name == "OMP_NUM_THREADS"
+               else "raybench, Ray or torch.distributed set it for each worker")
+        return f"{name} is not a sweep setting: {how}"
+    return None
 
 
 class Strict(BaseModel):
@@ -47,6 +70,23 @@ class HardwareSpec(Strict):
         "workloads whose shapes vary step to step, where it re-tunes every new shape")
     memory_budget_mb: float | None = Field(
         None, gt=0, description="enforced on GPU; on CPU compared with the measured peak")
+    env: dict[str, str] = Field(
+        default_factory=dict, description="environment variables of the trial's worker "
+        "processes, set when they start, before CUDA or NCCL (CUDA_DEVICE_MAX_CONNECTIONS, "
+        "NCCL_ALGO, ...); a grid axis as env.NAME")
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value  # pydantic names the type error
+        for name in value:
+            why = env_problem(str(name))
+            if why:
+                raise ValueError(why)
+        # YAML gives numbers and booleans; a process environment holds strings
+        return {str(k): ("1" if v is True else "0" if v is False else str(v))
+                if isinstance(v, str | int | float | bool) else v for k, v in value.items()}
 
     @property
     def world_size(self) -> int:

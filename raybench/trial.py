@@ -204,6 +204,8 @@ def _attempt(trial: TrialSpec, storage: str, trials_dir: str, execution: Executi
             # A worker group that cannot be placed must fail once, not be retried forever
             # (controller_failure_limit defaults to -1 in Ray 2.60).
             failure_config=ray.train.FailureConfig(max_failures=0, controller_failure_limit=0),
+            # set as the worker processes start, before CUDA or NCCL read them
+            worker_runtime_env={"env_vars": dict(hw.env)} if hw.env else None,
         ),
     )
     try:

@@ -40,7 +40,18 @@ def run_worker(trial: TrialSpec, ctx: WorkerContext) -> list[RankRecord] | None:
     return ctx.gather(record)
 
 
+def check_env(env: dict[str, str]) -> None:
+    """The trial's `hardware.env` must be this process's environment: the runner sets it when
+    the process starts (CUDA and NCCL read it once), and a row must not claim a setting the
+    run did not have."""
+    wrong = {k: os.environ.get(k) for k, v in env.items() if os.environ.get(k) != v}
+    if wrong:
+        raise RuntimeError(f"hardware.env did not reach this worker: {wrong} instead of "
+                           f"{ {k: env[k] for k in wrong} }")
+
+
 def measure_rank(trial: TrialSpec, ctx: WorkerContext) -> RankRecord:
+    check_env(trial.hardware.env)
     if not ctx.is_cuda:
         # As many intra-op threads as logical CPUs reserved: Ray's OMP_NUM_THREADS rule for
         # its workers, applied here too so the in-process runner measures the same thing.

@@ -59,7 +59,7 @@ def run_local(trial: TrialSpec, trace_dir: str | None = None) -> TrialOutcome:
         return run_scenario(trial, "local")
     hw = trial.hardware
     try:
-        if hw.world_size == 1:
+        if hw.world_size == 1 and not hw.env:  # hardware.env: a fresh process, set at start
             device = torch.device("cuda", 0) if hw.use_gpu else torch.device("cpu")
             ctx = WorkerContext(0, 0, 1, 0, device, hw, trace_path=trace_path(trace_dir, trial),
                                 artifact_dir=artifact_dir(trace_dir, trial),
@@ -95,6 +95,7 @@ def _rank_main(rank: int, trial: TrialSpec, port: int, result: str,
                trace_dir: str | None) -> None:
     entry = time.time()
     hw = trial.hardware
+    os.environ.update(hw.env)  # before the process group and CUDA start
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.distributed.init_process_group("nccl" if hw.use_gpu else "gloo", rank=rank,
                                          world_size=hw.world_size)

@@ -230,12 +230,17 @@ def run_ray(trial: TrialSpec, start_timeout_s: float, logical_gpus: bool = False
     ds = ds.map_batches(
         _RayReplica, fn_constructor_kwargs={"trial": trial, "logical_gpus": logical_gpus},
         batch_size=b, compute=ray.data.ActorPoolStrategy(size=inf.replicas),
-        num_cpus=hw.cpus_per_worker, num_gpus=1 if hw.use_gpu else 0)
+        num_cpus=hw.cpus_per_worker, num_gpus=1 if hw.use_gpu else 0, **env_option(hw.env))
     rows = []
     for row in ds.iter_rows():  # as they reach the driver: its clock times the pass
         row["arrived_s"] = time.perf_counter()
         rows.append(row)
     return _unpack(rows)
+
+
+def env_option(env: dict[str, str]) -> dict[str, Any]:
+    """Ray options giving replica processes the trial's `hardware.env` as they start."""
+    return {"runtime_env": {"env_vars": dict(env)}} if env else {}
 
 
 def pass_seconds(records: list[dict[str, Any]]) -> float:

@@ -27,6 +27,7 @@ from raybench import flops, workloads
 from raybench.context import WorkerContext
 from raybench.grid import TrialSpec
 from raybench.memory import peak_rss_mb
+from raybench.worker import check_env
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,7 @@ class Replica:
                  device: torch.device | None = None, node: str | None = None,
                  logical_gpus: bool = False):
         start = time.perf_counter()
+        check_env(trial.hardware.env)
         self.trial = trial
         t, inf = self.trial, self.trial.inference
         self.index, self.node = index, node or socket.gethostname()

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -49,18 +52,43 @@ def run_trial(trial: TrialSpec, runner: str, start_timeout_s: float = 30.0,
               logical_gpus: bool = False) -> TrialOutcome:
     """`logical_gpus` (Ray only): GPUs are placement tokens, replicas compute on CPU."""
     try:
-        if trial.inference.scenario == "offline":
+        with _local_env(trial, runner):
+            if trial.inference.scenario == "offline":
+                if runner == "ray":
+                    records, stats = offline.run_ray(trial, start_timeout_s, logical_gpus)
+                else:
+                    records, stats = offline.run_local(trial, _local_devices(trial))
+                metrics = offline.summarize(records, stats, trial)
+                return TrialOutcome(status="ok", metrics=metrics, records=records, ranks=stats)
             if runner == "ray":
-                records, stats = offline.run_ray(trial, start_timeout_s, logical_gpus)
-            else:
-                records, stats = offline.run_local(trial, _local_devices(trial))
-            metrics = offline.summarize(records, stats, trial)
-            return TrialOutcome(status="ok", metrics=metrics, records=records, ranks=stats)
-        if runner == "ray":
-            return _server_ray(trial, start_timeout_s, logical_gpus)
-        return _server_local(trial)
+                return _server_ray(trial, start_timeout_s, logical_gpus)
+            return _server_local(trial)
     except Exception as e:  # a failed trial is a row
         return failure(e, trial.resources())
+
+
+@contextmanager
+def _local_env(trial: TrialSpec, runner: str) -> Iterator[None]:
+    """Local replicas are threads of this process: the trial's `hardware.env` is set here for
+    the trial's length. CUDA reads its variables once, so not after it has started here."""
+    env = trial.hardware.env
+    if runner == "ray" or not env:
+        yield
+        return
+    if torch.cuda.is_initialized():
+        raise RuntimeError("infeasible: hardware.env must be set before CUDA starts, and CUDA "
+                           "already runs in this process (an earlier local trial); run the "
+                           "sweep with --runner ray, where each trial has fresh processes")
+    before = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _local_devices(trial: TrialSpec) -> list[torch.device]:
@@ -194,7 +222,7 @@ def _server_ray(trial: TrialSpec, start_timeout_s: float, logical_gpus: bool
     trial = _query_sized(trial)
     hw = trial.hardware
     actor = ray.remote(num_cpus=hw.cpus_per_worker, num_gpus=1 if hw.use_gpu else 0,
-                       max_restarts=0)(_RayServerReplica)
+                       max_restarts=0, **offline.env_option(hw.env))(_RayServerReplica)
     replicas = [actor.remote(trial, i, logical_gpus) for i in range(trial.inference.replicas)]
     try:
         # Ready when their start-up (model, reference pass, warmup) is done; placement was

@@ -40,7 +40,8 @@ def rows(out: Path) -> int:
 def local_sweep(tmp_path_factory):
     """Run the local sweep once, watching the table grow while the driver is still running."""
     out = tmp_path_factory.mktemp("local") / "run"
-    proc = start_sweep(out, *TWO)
+    # hardware.env reaches Ray Train's worker processes (each rank checks it, or the trial fails)
+    proc = start_sweep(out, *TWO, "--set", "hardware.env.RB_E2E_MARK=on-ray")
     seen_while_running = set()
     deadline = time.monotonic() + 600
     while proc.poll() is None and time.monotonic() < deadline:
@@ -58,6 +59,7 @@ def test_every_trial_is_an_ok_row_with_throughput(local_sweep):
     assert (df["status"] == "ok").all()
     assert (df["train/samples_per_s"] > 0).all()
     assert sorted(df["hardware.cpu_workers"]) == [1, 2]
+    assert (df["hardware.env.RB_E2E_MARK"] == "on-ray").all()
     # where each trial's time outside its window went: every phase stamped and none negative;
     # one rank's phases follow each other, so together they fit in the fixed cost (with more
     # ranks each phase is the slowest rank's, and those may overlap)
