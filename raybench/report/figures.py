@@ -15,7 +15,7 @@ import pandas as pd
 import plotly
 import plotly.graph_objects as go
 
-from raybench.report import inference
+from raybench.report import inference, tiles
 from raybench.report.assess import (
     ACCURACY_METRIC,
     THROUGHPUT,
@@ -268,7 +268,9 @@ def all_figures(df: pd.DataFrame, details: dict[str, dict[str, Any]]
     details = {k: d for k, d in every.items() if not (d.get("trial") or {}).get("inference")}
     candidates = [
         ("throughput", throughput_vs_batch(df)), ("scaling", scaling_efficiency(df)),
-        ("memory", memory_vs_batch(df)), ("pareto", memory_vs_throughput(df)),
+        ("memory", memory_vs_batch(df)), ("tile_throughput", tiles.throughput_vs_tile(df)),
+        ("tile_memory", tiles.memory_vs_tile(df)), ("step_breakdown", tiles.step_breakdown(df)),
+        ("pareto", memory_vs_throughput(df)),
         ("steps", step_time_distributions(details, df)), ("ranks", rank_skew(details)),
         ("telemetry", gpu_timelines(details)),
         ("accuracy", accuracy_vs_throughput(df)), ("epochs", epoch_curves(details)),

@@ -238,3 +238,46 @@ def test_epoch_curves_from_rank0_epochs():
     assert len(fig.data) == 2
     assert list(fig.data[0].y) == [0.1, 0.4] and list(fig.data[1].y) == [30.0, 28.0]
     assert fig.data[0].name == "k xview3/aggregate"
+
+
+def tile_row(key, tile, batch, thr, rss, mode="train", fwd=None, bwd=None, opt=None, step=None):
+    r = {**row(key, batch, 1, thr, rss=rss), "workload.tile": tile, "workload.mode": mode}
+    r.update({"train/forward_mean_ms": fwd, "train/backward_mean_ms": bwd,
+              "train/optimizer_mean_ms": opt, "train/step_time_mean_ms": step})
+    return r
+
+
+def test_tile_figures_draw_a_line_per_batch():
+    from raybench.report import tiles
+
+    df = pd.DataFrame([tile_row("a", 64, 4, 90.0, 500.0), tile_row("b", 128, 4, 30.0, 900.0),
+                       tile_row("c", 64, 8, 120.0, 700.0), tile_row("d", 128, 8, 40.0, 1500.0),
+                       tile_row("e", 256, 8, 0.0, 0.0) | {"status": "oom"}])
+    thr = tiles.throughput_vs_tile(df)
+    assert [t.name for t in thr.data] == ["batch_size=4", "batch_size=8"]
+    assert list(thr.data[1].x) == [64, 128] and list(thr.data[1].y) == [120.0, 40.0]
+    mem = tiles.memory_vs_tile(df)
+    assert list(mem.data[0].y) == [500.0, 900.0]  # the process peak on CPU rows
+    with_gpu = df.assign(**{"mem/peak_allocated_mb": [100.0, 300.0, 150.0, 450.0, None]})
+    assert list(tiles.memory_vs_tile(with_gpu).data[1].y) == [150.0, 450.0]  # device peak
+    assert tiles.throughput_vs_tile(df[df["workload.tile"] == 64]) is None  # no tile axis
+    names = [n for n, _ in figures.all_figures(df, {})]
+    assert "tile_throughput" in names and "tile_memory" in names
+
+
+def test_step_breakdown_stacks_the_timed_phases_and_the_rest():
+    from raybench.report import tiles
+
+    df = pd.DataFrame([
+        tile_row("a", 64, 4, 90.0, 500.0, fwd=10.0, bwd=20.0, opt=5.0, step=40.0),
+        tile_row("b", 128, 4, 30.0, 900.0, fwd=30.0, bwd=60.0, opt=5.0, step=94.0),
+        tile_row("c", 64, 4, 200.0, 400.0, mode="inference", fwd=8.0, step=9.0)])
+    fig = tiles.step_breakdown(df)
+    assert fig.layout.barmode == "stack"
+    assert [t.name for t in fig.data] == ["forward", "backward", "optimizer",
+                                          "rest of the step"]
+    assert list(fig.data[0].y) == [10.0, 30.0, 8.0]
+    assert list(fig.data[2].y) == [5.0, 5.0, 0.0]  # inference has no optimizer phase
+    # the rest: 40 - 35, and never negative where phases add up to more than the mean step
+    assert list(fig.data[3].y) == pytest.approx([5.0, 0.0, 1.0])
+    assert tiles.step_breakdown(FRAME) is None  # no workload timed phases
