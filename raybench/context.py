@@ -50,9 +50,11 @@ class WorkerContext:
     stamps: dict[str, float] = field(default_factory=dict)
     sync: str = "step"  # measure.sync: "window" times steps and phases with marks, no host sync
     own_s: list[float] = field(default_factory=list)  # DDP: this rank's compute per step
-    _pending: list = field(default_factory=list)  # window mode: (phase, start, end) marks
+    _pending: list = field(default_factory=list)  # window mode: (phase, start, end, step) marks
     _own: dict = field(default_factory=dict)  # the current step's own-compute marks
     _own_marks: list = field(default_factory=list)  # (start, end) per step, read at settle
+    _step_no: int = 0  # steps ended so far: a phase run twice in one step is one entry
+    _phase_step: dict = field(default_factory=dict)  # phase -> the step of its last entry
 
     @property
     def distributed(self) -> bool:
@@ -90,28 +92,38 @@ class WorkerContext:
         With `sync: step`, synchronised on both ends: the syncs cost a little overlap between
         the parts; workloads use this only where the split itself is the question (the tile
         benchmark's forward vs backward). With `sync: window`, between two marks, read when
-        the window ends (`settle_marks`)."""
+        the window ends (`settle_marks`). A phase that runs several times in one step (once per
+        micro-batch) is summed: one entry per step."""
         if self.sync == "window":
             start = self.mark()
             yield
-            self._pending.append((name, start, self.mark()))
+            self._pending.append((name, start, self.mark(), self._step_no))
             return
         self.synchronize()
         start = time.perf_counter()
         yield
         self.synchronize()
-        self.phase_s.setdefault(name, []).append(time.perf_counter() - start)
+        self._add_phase(name, self._step_no, time.perf_counter() - start)
+
+    def _add_phase(self, name: str, step_no: int, seconds: float) -> None:
+        times = self.phase_s.setdefault(name, [])
+        if self._phase_step.get(name) == step_no and times:
+            times[-1] += seconds
+        else:
+            times.append(seconds)
+            self._phase_step[name] = step_no
 
     def settle_marks(self) -> None:
         """After the device is synchronised: pending phase and own-compute marks become times."""
-        for name, start, end in self._pending:
-            self.phase_s.setdefault(name, []).append(self.seconds(start, end))
+        for name, start, end, step_no in self._pending:
+            self._add_phase(name, step_no, self.seconds(start, end))
         self._pending.clear()
         self.own_s += [self.seconds(start, end) for start, end in self._own_marks]
         self._own_marks.clear()
 
     def end_step(self) -> None:
         """The step loop's call after each step: keep its own-compute marks, if it had both."""
+        self._step_no += 1
         if "start" in self._own and "end" in self._own:
             self._own_marks.append((self._own["start"], self._own["end"]))
         self._own.clear()
@@ -119,6 +131,7 @@ class WorkerContext:
     def clear_measurements(self) -> None:
         """Warmup's phase and own-compute times are not measurements."""
         self.phase_s.clear()
+        self._phase_step.clear()
         self.own_s.clear()
         self._pending.clear()
         self._own_marks.clear()
@@ -202,6 +215,17 @@ class WorkerContext:
         if self.hardware.compile:
             model = torch.compile(model)
         return model
+
+    def micro_batches(self, net: torch.nn.Module, batches: list) -> Iterator:
+        """The micro-batches of one optimizer step, in order (`hardware.grad_accum_steps` of
+        them): the caller runs forward and backward of each, its loss divided by their number.
+        DDP's gradient all-reduce runs after the last one only (no_sync before it), as
+        accumulating training jobs do."""
+        ddp = getattr(net, "_orig_mod", net)  # under torch.compile, the DDP module inside
+        for i, batch in enumerate(batches):
+            syncs = i == len(batches) - 1 or not hasattr(ddp, "no_sync")
+            with contextlib.nullcontext() if syncs else ddp.no_sync():
+                yield batch
 
     def prepare_images(self, images: torch.Tensor) -> torch.Tensor:
         images = images.to(self.device, non_blocking=True)

@@ -212,6 +212,12 @@ def _resolve(spec: SweepSpec, index: int, overrides: dict[str, Any]) -> TrialSpe
         except SpecError as e:
             raise SpecError(spec.source, f"{e.path} in {where}", e.value, e.problem,
                             "change the grid so every combination is valid") from None
+    problem = workloads.get(spec.workload_name).unsupported(resolved["workload"],
+                                                            resolved["hardware"])
+    if problem:
+        where = f" in grid combination {overrides}" if overrides else ""
+        raise SpecError(spec.source, problem[0] + where, None, problem[1],
+                        f"remove {problem[0]} for workload {spec.workload_name}")
     key = trial_key(spec.workload_name, resolved)
     return TrialSpec(index=index, key=key, sweep=spec.name, workload_name=spec.workload_name,
                      overrides=overrides, **resolved)

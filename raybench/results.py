@@ -263,6 +263,9 @@ class RowWriter:
             "start_time": start, "end_time": now(), "status": "ok" if found else "error",
             "error": None if found else "not even batch size 1 fits", **config,
             "search/largest_batch": result["largest_batch"],
+            # what a step then trains: accumulation multiplies the batch that fits
+            "search/largest_samples_per_step": result["largest_batch"]
+            * group.hardware.grad_accum_steps,
             "search/first_failing_batch": result["first_failing_batch"],
             "search/probes": len(result["probes"]),
             "search/memory_budget_mb": result["memory_budget_mb"],

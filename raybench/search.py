@@ -19,6 +19,8 @@ from raybench.sections import LargestBatchSpec
 
 declare(  # the answer's row (results.RowWriter.write_search)
     Metric("search/largest_batch", "count", "largest batch per rank that fitted (0: none)"),
+    Metric("search/largest_samples_per_step", "count", "samples per rank of an optimizer step "
+           "at the largest batch (x hardware.grad_accum_steps)"),
     Metric("search/first_failing_batch", "count", "smallest batch per rank that did not fit"),
     Metric("search/probes", "count", "batch sizes tried"),
     Metric("search/memory_budget_mb", "MB", "the budget a fitting batch stayed under"),

@@ -70,6 +70,10 @@ class HardwareSpec(Strict):
         "workloads whose shapes vary step to step, where it re-tunes every new shape")
     memory_budget_mb: float | None = Field(
         None, gt=0, description="enforced on GPU; on CPU compared with the measured peak")
+    grad_accum_steps: int = Field(
+        1, ge=1, description="micro-batches of batch_size per optimizer step (training "
+        "workloads): a step then trains batch_size x grad_accum_steps samples per rank, with "
+        "DDP's gradient all-reduce after the last micro-batch only")
     env: dict[str, str] = Field(
         default_factory=dict, description="environment variables of the trial's worker "
         "processes, set when they start, before CUDA or NCCL (CUDA_DEVICE_MAX_CONNECTIONS, "

@@ -77,6 +77,7 @@ def test_search_against_a_cpu_memory_budget(write_sweep, tmp_path, capsys):
     found = df[df.stage == "search"].iloc[0]
     largest = int(found["search/largest_batch"])
     assert 2 <= largest < 16
+    assert found["search/largest_samples_per_step"] == largest  # one micro-batch per step
     probes = df[df.stage == "benchmark"].set_index("workload.batch_size")["host/rss_peak_mb"]
     assert probes[largest] <= budget < probes[largest + 1]  # the boundary, both sides measured
     assert summary["largest_batch"][0]["largest_batch"] == largest

@@ -29,7 +29,8 @@ declare(
     Metric("train/samples_per_s", "samples/s", "every rank's own rate over its measured "
            "windows, summed"),
     Metric("train/samples_per_s_per_worker", "samples/s", "train/samples_per_s per rank"),
-    Metric("train/global_batch_size", "count", "samples per step, all ranks"),
+    Metric("train/global_batch_size", "count", "samples per optimizer step, all ranks (batch "
+           "x grad_accum_steps x ranks)"),
     Metric("train/world_size", "count", "ranks"),
     Metric("train/step_time_mean_ms", "ms", "step time, every rank's measured steps pooled"),
     Metric("train/step_time_std_ms", "ms", "standard deviation of the pooled step times"),

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
     from raybench.context import WorkerContext
     from raybench.records import RankRecord
+    from raybench.sections import HardwareSpec
 
 
 class WorkloadParams(BaseModel):
@@ -98,7 +99,9 @@ class Workload(ABC):
         return True
 
     def samples_per_step(self) -> int:
-        return self.params.batch_size
+        """Samples one step trains or serves on this rank (an optimizer step's, all its
+        micro-batches)."""
+        return self.params.batch_size * self.ctx.hardware.grad_accum_steps
 
     def flops_per_sample(self) -> float | None:
         """FLOPs of one sample of a step (forward, plus backward when it trains), for MFU;
@@ -108,13 +111,15 @@ class Workload(ABC):
         import torch  # the package stays importable without torch (spec, --dry-run)
 
         from raybench import flops
+        from raybench.workloads import _memory
 
         shape = self.describe().get("input_shape")
         if not shape:
             return None
         dtype = next(self.model.parameters()).dtype  # a bf16 inference model takes bf16
-        return flops.flops_per_sample(self.model, torch.zeros(1, *shape, dtype=dtype),
-                                      self.trains)
+        with _memory.model_flops():
+            return flops.flops_per_sample(self.model, torch.zeros(1, *shape, dtype=dtype),
+                                          self.trains)
 
     def describe(self) -> dict[str, Any]:
         """Extra per-trial facts for the results (e.g. input shape); override to add some."""
@@ -127,6 +132,16 @@ class Workload(ABC):
         in each) and the core metrics already computed; keys `namespace/quantity_unit`, each
         declared in `columns`."""
         return {}
+
+    @classmethod
+    def unsupported(cls, params: WorkloadParams, hardware: HardwareSpec
+                    ) -> tuple[str, str] | None:
+        """(field, why) where these hardware settings cannot apply to this workload: an input
+        error at expansion. By default it does not accumulate gradients; a workload whose step
+        runs `ctx.micro_batches` says so by returning None for it."""
+        if hardware.grad_accum_steps > 1:
+            return "hardware.grad_accum_steps", f"{cls.name} does not accumulate gradients"
+        return None
 
     @classmethod
     def stage_input(cls, params: WorkloadParams, output: str) -> WorkloadParams:

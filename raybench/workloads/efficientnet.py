@@ -48,6 +48,7 @@ class Efficientnet(Resnet):
     name = "efficientnet"
     Params = EfficientnetParams
     params: EfficientnetParams
+    blocks = (torchvision.models.efficientnet.MBConv, torchvision.models.efficientnet.FusedMBConv)
 
     def build(self) -> torch.nn.Module:
         p = self.params

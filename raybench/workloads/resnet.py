@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -18,7 +18,8 @@ import torchvision
 from pydantic import Field, model_validator
 from torch.utils.data import Dataset
 
-from raybench.workloads import Servable, WorkloadParams, register
+from raybench.sections import HardwareSpec
+from raybench.workloads import Servable, WorkloadParams, _memory, register
 
 # ImageNet channel statistics, as torchvision's reference training script uses.
 _MEAN = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
@@ -34,6 +35,9 @@ class ImageParams(WorkloadParams):
     data_path: str | None = Field(None, description="ImageFolder root when data is imagefolder")
     synthetic_samples: int = Field(50_000, ge=1, description="length of one synthetic epoch")
     lr: float = Field(0.1, gt=0)
+    activation_checkpointing: bool = Field(
+        False, description="recompute each residual block's activations in backward instead "
+        "of keeping them: less memory per sample, about one more forward of time")
 
     @model_validator(mode="after")
     def _data_path(self) -> ImageParams:
@@ -78,11 +82,21 @@ class Resnet(Servable):
     name = "resnet"
     Params = ResnetParams
     params: ResnetParams
+    # what activation checkpointing wraps (a family that subclasses this names its own blocks)
+    blocks: ClassVar[tuple[type[torch.nn.Module], ...]] = (
+        torchvision.models.resnet.BasicBlock, torchvision.models.resnet.Bottleneck)
+
+    @classmethod
+    def unsupported(cls, params: WorkloadParams, hardware: HardwareSpec
+                    ) -> tuple[str, str] | None:
+        return None  # the step accumulates micro-batches (ctx.micro_batches)
 
     def setup(self) -> None:
         p, ctx = self.params, self.ctx
         torch.manual_seed(p.seed)
         self._model = self.build()
+        if p.activation_checkpointing:
+            _memory.wrap_blocks(self._model, self.blocks)
         self.net = ctx.prepare_model(self._model)
         self.opt = torch.optim.SGD(self.net.parameters(), lr=p.lr, momentum=0.9, weight_decay=1e-4)
         self.scaler = ctx.grad_scaler()
@@ -113,9 +127,16 @@ class Resnet(Servable):
         return SyntheticImages(p.synthetic_samples, p.image_size, p.num_classes, p.seed)
 
     def batches(self) -> Iterator[Any]:
+        """A step's micro-batches (one unless hardware.grad_accum_steps says more)."""
+        k = self.ctx.hardware.grad_accum_steps
         if self.params.data == "synthetic_device":
             while True:
-                yield self._resident
+                yield [self._resident] * k
+        micro = self._loader_batches()
+        while True:
+            yield [next(micro) for _ in range(k)]
+
+    def _loader_batches(self) -> Iterator[Any]:
         epoch = 0
         while True:
             if hasattr(self.loader.sampler, "set_epoch"):
@@ -126,22 +147,25 @@ class Resnet(Servable):
     def to_device(self, batch: Any) -> Any:
         if self.params.data == "synthetic_device":
             return batch
-        images, labels = batch
-        return self.ctx.prepare_images(images), labels.to(self.ctx.device, non_blocking=True)
+        return [(self.ctx.prepare_images(images), labels.to(self.ctx.device, non_blocking=True))
+                for images, labels in batch]
 
     def step(self, batch: Any) -> torch.Tensor:
-        images, labels = batch
+        """One optimizer step over its micro-batches, each loss scaled so the gradient is the
+        mean over all of them; returns that mean loss."""
         self.opt.zero_grad(set_to_none=True)
-        with self.ctx.autocast():
-            loss = self.loss_fn(self.net(images), labels)
+        total = torch.zeros((), device=self.ctx.device)
+        for images, labels in self.ctx.micro_batches(self.net, batch):
+            with self.ctx.autocast():
+                loss = self.loss_fn(self.net(images), labels) / len(batch)
+            (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+            total += loss.detach()
         if self.scaler is not None:
-            self.scaler.scale(loss).backward()
             self.scaler.step(self.opt)
             self.scaler.update()
         else:
-            loss.backward()
             self.opt.step()
-        return loss.detach()
+        return total
 
     @property
     def model(self) -> torch.nn.Module:

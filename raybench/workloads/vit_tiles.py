@@ -21,7 +21,9 @@ from torch import nn
 
 from raybench.columns import Metric
 from raybench.records import RankRecord
+from raybench.sections import HardwareSpec
 from raybench.workloads import Servable, WorkloadParams, register
+from raybench.workloads._memory import Checkpointed
 
 # (embed dim, depth, heads): ViT-Ti/B/L/H. Prithvi-EO 1.0 is a ViT-B (~100M), Prithvi-EO 2.0
 # comes as ViT-L (~300M) and ViT-H (~600M).
@@ -39,6 +41,9 @@ class VitTilesParams(WorkloadParams):
     decoder_channels: int = Field(256, ge=8)
     mode: Literal["inference", "train"] = "inference"
     lr: float = Field(1e-4, gt=0)
+    activation_checkpointing: bool = Field(
+        False, description="training: recompute each encoder layer's activations in backward "
+        "instead of keeping them (memory for about one more forward of time)")
     cuda_graphs: bool = Field(
         False, description="inference on a GPU: replay the forward as one captured CUDA graph, "
         "as deployed inference does; without it a small ViT-L forward is bound by the host's "
@@ -51,6 +56,9 @@ class VitTilesParams(WorkloadParams):
         steps = (self.patch & (self.patch - 1)) == 0
         if not steps:
             raise ValueError(f"patch {self.patch} must be a power of two for the decoder")
+        if self.activation_checkpointing and self.mode != "train":
+            raise ValueError("activation_checkpointing saves training memory: set mode: train, "
+                             "or activation_checkpointing: false")
         if self.cuda_graphs and self.mode != "inference":
             raise ValueError("cuda_graphs captures the inference forward only: set mode: "
                              "inference, or cuda_graphs: false for training")
@@ -68,12 +76,20 @@ class TileViT(nn.Module):
         layer = nn.TransformerEncoderLayer(dim, heads, 4 * dim, dropout=0.0, activation="gelu",
                                            batch_first=True, norm_first=True)
         self.encoder = nn.TransformerEncoder(layer, depth, enable_nested_tensor=False)
+        self.checkpointed = p.activation_checkpointing
+        if self.checkpointed:  # each layer recomputed in backward (training only)
+            self.encoder.layers = nn.ModuleList(Checkpointed(m) for m in self.encoder.layers)
         self.norm = nn.LayerNorm(dim)
         self.decoder = build_decoder(dim, p.decoder_channels, p.num_classes, p.patch)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         tokens = self.embed(x).flatten(2).transpose(1, 2) + self.pos
-        tokens = self.norm(self.encoder(tokens))
+        if self.checkpointed:  # the encoder's own loop inspects its layers' attention modules
+            for layer in self.encoder.layers:
+                tokens = layer(tokens)
+        else:
+            tokens = self.encoder(tokens)
+        tokens = self.norm(tokens)
         b, n, d = tokens.shape
         feat = tokens.transpose(1, 2).reshape(b, d, self.grid, self.grid)
         return self.decoder(feat)
@@ -122,6 +138,13 @@ class VitTiles(Servable):
             self.loss_fn = nn.CrossEntropyLoss()
 
     @classmethod
+    def unsupported(cls, params: WorkloadParams, hardware: HardwareSpec
+                    ) -> tuple[str, str] | None:
+        if hardware.grad_accum_steps > 1 and params.mode != "train":
+            return "hardware.grad_accum_steps", "inference has no gradients to accumulate"
+        return None
+
+    @classmethod
     def measure_defaults(cls, params: WorkloadParams) -> dict[str, Any]:
         # What tile benchmarks conventionally use: training steps cost ~3x and settle sooner.
         if params.mode == "train":
@@ -143,17 +166,21 @@ class VitTiles(Servable):
                 self.infer(images)
             return None
         self.opt.zero_grad(set_to_none=True)
-        with ctx.phase("forward"), ctx.autocast():
-            loss = self.loss_fn(self.net(images), labels)
-        with ctx.phase("backward"):
-            (self.scaler.scale(loss) if self.scaler else loss).backward()
+        k = ctx.hardware.grad_accum_steps  # micro-batches: the resident batch k times
+        total = torch.zeros((), device=ctx.device)
+        for x, y in ctx.micro_batches(self.net, [(images, labels)] * k):
+            with ctx.phase("forward"), ctx.autocast():
+                loss = self.loss_fn(self.net(x), y) / k
+            with ctx.phase("backward"):
+                (self.scaler.scale(loss) if self.scaler else loss).backward()
+            total += loss.detach()
         with ctx.phase("optimizer"):
             if self.scaler:
                 self.scaler.step(self.opt)
                 self.scaler.update()
             else:
                 self.opt.step()
-        return loss.detach()
+        return total
 
     def infer(self, images: torch.Tensor) -> torch.Tensor:
         """One inference forward, exactly as timed (bench forward-check times this call too)."""
