@@ -21,6 +21,7 @@ from typing import Any
 from raybench import cli, interrupts, runners, workloads
 from raybench.data.stage import PreprocessSpec
 from raybench.grid import TrialSpec, stage_variants
+from raybench.progress import Progress
 from raybench.records import TrialOutcome
 from raybench.results import (
     History,
@@ -127,15 +128,18 @@ def run_sweep(spec: SweepSpec, trials: list[TrialSpec], out: Path, runner: Runne
                     log.error("trial %d (%s) can never be placed: %s", t.index, t.key, never[t.key])
                     writer.write(t, TrialOutcome.failed("infeasible", never[t.key]))
             runnable = [t for t in trials if t.key not in never]
-            if runnable and spec.search and spec.search.largest_batch:
+            searching = bool(spec.search and spec.search.largest_batch)
+            write = _with_progress(writer, Progress(None if searching else len(runnable),
+                                                    "probes" if searching else "trials"))
+            if runnable and searching:
                 def probe(t: TrialSpec) -> TrialOutcome:
                     if t.key not in writer.outcomes:
-                        runner.run([t], writer.write, name=f"probe_{t.index:04d}")
+                        runner.run([t], write, name=f"probe_{t.index:04d}")
                     return writer.outcomes.get(t.key) or _lost(t, writer)
 
                 search_all(spec.search.largest_batch, runnable, probe, writer)
             elif runnable:
-                runner.run(runnable, writer.write)
+                runner.run(runnable, write)
             for t in runnable:  # a trial the runner lost without a result is still a row
                 if t.key not in writer.done:
                     _lost(t, writer)
@@ -155,6 +159,14 @@ def run_sweep(spec: SweepSpec, trials: list[TrialSpec], out: Path, runner: Runne
             log.error("could not copy the run to %s: %s", spec.output.storage, e)
             summary["storage_error"] = str(e)
     return summary
+
+
+def _with_progress(writer: RowWriter, progress: Progress):
+    """The runner's `done`: the row first, then the progress line."""
+    def write(t: TrialSpec, outcome: TrialOutcome) -> None:
+        writer.write(t, outcome)
+        progress.advance(f"trial {t.index} {outcome.status}")
+    return write
 
 
 def _lost(t: TrialSpec, writer: RowWriter) -> TrialOutcome:

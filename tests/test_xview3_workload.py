@@ -15,6 +15,7 @@ import torch
 
 from raybench import workloads
 from raybench.context import WorkerContext
+from raybench.data import xview3 as x3
 from raybench.data.chip import chip_scenes
 from raybench.data.chipread import ChipParams
 from raybench.data.chipset import MIN_BOX_PX, ChipSet
@@ -267,3 +268,28 @@ def test_detector_learns_on_synthetic_chips(tmp_path):
     assert s["infer/score/xview3/detection_f1"] == pytest.approx(m["xview3/detection_f1"])
     assert s["infer/accuracy_compared"] == val_chips
     assert s["infer/samples"] == 32 and s["infer/samples_per_s"] > 0
+
+
+@pytest.mark.parametrize("save", [True, "every_epoch"])
+def test_checkpoints_best_model_beside_the_trial_and_every_epoch(tmp_path, save):
+    """best_model.pt follows the best aggregate (and is the runner's checkpoint/model.pt);
+    every_epoch adds epochs/epoch_NNN.pt for each epoch, evaluated or not."""
+    cls = workloads.get("xview3_frcnn")
+    w = cls.__new__(cls)
+    w.params = cls.Params(save_checkpoints=save, epochs=3, eval_every=2)
+    w.ctx = WorkerContext(0, 0, 1, 0, torch.device("cpu"), HardwareSpec(),
+                          artifact_dir=str(tmp_path))
+    w._model, w.best = torch.nn.Linear(2, 1), None
+    preds = pd.DataFrame({c: [] for c in x3.PREDICTION_COLUMNS})
+    for epoch, aggregate in [(0, 0.2), (1, 0.5), (2, 0.3)]:
+        with torch.no_grad():
+            w._model.weight.fill_(epoch)
+        if save == "every_epoch":
+            w._save_epoch(epoch)
+        w._keep_best({"xview3/aggregate": aggregate, "epoch": epoch + 1}, preds)
+    best = torch.load(tmp_path / "best_model.pt", weights_only=True)
+    assert float(best["weight"][0, 0]) == 1.0  # the epoch with 0.5
+    assert (tmp_path / "checkpoint" / "model.pt").samefile(tmp_path / "best_model.pt")
+    epochs = sorted(p.name for p in (tmp_path / "epochs").glob("*.pt"))
+    assert epochs == ([] if save is True else ["epoch_001.pt", "epoch_002.pt", "epoch_003.pt"])
+    assert cls.saves_checkpoint(w.params)

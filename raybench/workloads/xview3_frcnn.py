@@ -18,6 +18,8 @@ import fcntl
 import functools
 import json
 import logging
+import os
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -88,9 +90,12 @@ class FrcnnParams(WorkloadParams):
         "torchvision's per-class probabilities, one detection per class")
     dedup_px: float = Field(10.0, gt=0)
     eval_batch_size: int | None = Field(None, ge=1)
-    save_checkpoints: bool = False
+    save_checkpoints: bool | Literal["every_epoch"] = Field(
+        False, description="true: the best epoch's weights as <trial dir>/best_model.pt (and "
+        "as the trial's Ray Train checkpoint); every_epoch: also each epoch's, as "
+        "<trial dir>/epochs/epoch_NNN.pt")
     checkpoint: str | None = Field(None, description="served weights: a state dict written by "
-                                   "save_checkpoints (<trial dir>/checkpoint/model.pt); None: "
+                                   "save_checkpoints (<trial dir>/best_model.pt); None: "
                                    "random init, whose xView3 scores are near 0")
 
     @model_validator(mode="after")
@@ -261,7 +266,7 @@ class Xview3Frcnn(EpochWorkload, Servable):
 
     @classmethod
     def saves_checkpoint(cls, params: WorkloadParams) -> bool:
-        return params.save_checkpoints
+        return bool(params.save_checkpoints)
 
     @classmethod
     def measure_defaults(cls, params: WorkloadParams) -> dict[str, Any]:
@@ -366,6 +371,8 @@ class Xview3Frcnn(EpochWorkload, Servable):
         """Evaluate on every rank (chips sharded); rank 0 returns the scores, others {}."""
         self._epoch = epoch + 1
         p = self.params
+        if p.save_checkpoints == "every_epoch":
+            self._save_epoch(epoch)
         if (epoch + 1) % p.eval_every and epoch + 1 < p.epochs:  # the same on every rank
             return {}
         t0 = time.perf_counter()
@@ -433,10 +440,26 @@ class Xview3Frcnn(EpochWorkload, Servable):
         folder.mkdir(parents=True, exist_ok=True)
         predictions[x3.PREDICTION_COLUMNS].to_csv(folder / "predictions.csv", index=False)
         if self.params.save_checkpoints:
+            # best_model.pt beside the trial (the xView3 suite's layout); the same file, linked,
+            # in the folder the runner hands over as the trial's Ray Train checkpoint
+            torch.save(self._model.state_dict(), folder / ".best_model.pt")
+            os.replace(folder / ".best_model.pt", folder / "best_model.pt")
             ckpt = folder / "checkpoint"
             ckpt.mkdir(exist_ok=True)
-            torch.save(self._model.state_dict(), ckpt / "model.pt")
+            (ckpt / "model.pt").unlink(missing_ok=True)
+            try:
+                os.link(folder / "best_model.pt", ckpt / "model.pt")
+            except OSError:  # a filesystem without hard links
+                shutil.copy2(folder / "best_model.pt", ckpt / "model.pt")
             pd.Series(scores).to_json(ckpt / "scores.json")
+
+    def _save_epoch(self, epoch: int) -> None:
+        """Rank 0: this epoch's weights, `epochs/epoch_NNN.pt` in the trial's folder."""
+        if self.ctx.rank != 0 or not self.ctx.artifact_dir:
+            return
+        folder = Path(self.ctx.artifact_dir) / "epochs"
+        folder.mkdir(parents=True, exist_ok=True)
+        torch.save(self._model.state_dict(), folder / f"epoch_{epoch + 1:03d}.pt")
 
     @property
     def model(self) -> nn.Module:

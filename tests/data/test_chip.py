@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import shutil
 
 import numpy as np
@@ -144,3 +145,12 @@ def test_label_csv_with_missing_columns(tmp_path):
     pd.DataFrame({"scene_id": ["x"], "detect_scene_row": [1]}).to_csv(path, index=False)
     with pytest.raises(ValueError, match=r"bad.csv: missing label columns \['detect_lat'"):
         read_labels(path)
+
+
+def test_progress_counts_strips_scenes_and_chips(data, tmp_path, caplog):
+    with caplog.at_level(logging.INFO, logger="raybench.progress"):
+        summary = chip_scenes(data / "train", data / "labels" / "train.csv", tmp_path, PARAMS,
+                              select="all", runner="local")
+    lines = [m for m in caplog.messages if m.startswith("progress: strips")]
+    assert lines and lines[-1].startswith(f"progress: strips {len(lines)}/{len(lines)} (100%)")
+    assert lines[-1].endswith(f"2/2 scenes, {summary['chips']} chips")

@@ -60,6 +60,10 @@ def test_every_trial_is_an_ok_row_with_throughput(local_sweep):
     assert (df["train/samples_per_s"] > 0).all()
     assert sorted(df["hardware.cpu_workers"]) == [1, 2]
     assert (df["hardware.env.RB_E2E_MARK"] == "on-ray").all()
+    # not a terminal: a plain progress line per trial, the last one complete
+    assert re.search(r"progress: trials 1/2 \(50%\), \d+ s, about \d+ s left; trial \d ok",
+                     stdout), stdout[-2000:]
+    assert "progress: trials 2/2 (100%)" in stdout
     # where each trial's time outside its window went: every phase stamped and none negative;
     # one rank's phases follow each other, so together they fit in the fixed cost (with more
     # ranks each phase is the slowest rank's, and those may overlap)

@@ -56,5 +56,6 @@ def test_xview3_cpu_sweep_rows_carry_accuracy(tmp_path):
     assert (tmp_path / trial["workload.chips"] / "chip_params.json").is_file()
     ckpt = Path(trial["train/checkpoint"])
     assert (ckpt / "model.pt").is_file() and (ckpt / "scores.json").is_file()
+    assert list((tmp_path / "run" / "trials").glob("*/best_model.pt"))  # beside the trial
     preds = list((tmp_path / "run" / "trials").glob("*/predictions.csv"))
     assert len(preds) == 1

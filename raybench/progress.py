@@ -1,0 +1,62 @@
+"""Progress of long work: item i of N, elapsed time and an estimate of what remains.
+
+On a terminal (stderr is a TTY) one bar redrawn in place; otherwise (CI, `ray job submit`,
+a file) a plain log line per item. The estimate is the mean time per finished item so far
+times the items left: with trials of different sizes it is a guide, not a promise. Owns no
+figures: rows, not progress lines, carry the numbers.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Callable
+from typing import TextIO
+
+log = logging.getLogger(__name__)
+BAR = 24
+
+
+def duration(seconds: float) -> str:
+    """1 h 02 min, 3 min 05 s, 42 s."""
+    s = int(round(seconds))
+    if s >= 3600:
+        return f"{s // 3600} h {s % 3600 // 60:02d} min"
+    if s >= 60:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s} s"
+
+
+class Progress:
+    def __init__(self, total: int | None, what: str, stream: TextIO | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.total, self.what, self.done = total, what, 0
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.clock = clock
+        self.start = clock()
+
+    def line(self, detail: str = "") -> str:
+        elapsed = self.clock() - self.start
+        if self.total:
+            pct = 100 * self.done / self.total
+            text = f"{self.what} {self.done}/{self.total} ({pct:.0f}%), {duration(elapsed)}"
+            left = self.total - self.done
+            if self.done and left:
+                text += f", about {duration(elapsed / self.done * left)} left"
+        else:  # open-ended (a search decides how many probes it needs)
+            text = f"{self.what} {self.done}, {duration(elapsed)}"
+        return text + (f"; {detail}" if detail else "")
+
+    def advance(self, detail: str = "", n: int = 1) -> None:
+        self.done += n
+        text = self.line(detail)
+        if not self.tty:
+            log.info("progress: %s", text)
+            return
+        filled = round(BAR * self.done / self.total) if self.total else 0
+        bar = f"[{'#' * filled}{'-' * (BAR - filled)}] " if self.total else ""
+        end = "\n" if self.total and self.done >= self.total else ""
+        self.stream.write(f"\r\033[K{bar}{text}{end}")
+        self.stream.flush()
