@@ -12,6 +12,7 @@ replaced: its convolution backward ignores `groups` (see _conv_backward_flop).
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +32,8 @@ PEAK_TFLOPS: dict[str, dict[str, float]] = {
     "H100 SXM": {"fp32": 67.0, "tf32": 494.5, "amp_fp16": 989.5, "bf16": 989.5},
     # Same datasheet, H100 PCIe column: FP32 51, TF32 756*, BF16/FP16 1,513*.
     "H100 PCIe": {"fp32": 51.0, "tf32": 378.0, "amp_fp16": 756.5, "bf16": 756.5},
+    # Same datasheet, H100 NVL column (per GPU): FP32 60, TF32 835*, BF16/FP16 1,671*.
+    "H100 NVL": {"fp32": 60.0, "tf32": 417.5, "amp_fp16": 835.5, "bf16": 835.5},
     # H200 Tensor Core GPU datasheet, H200 SXM column: FP32 67, TF32 989*, BF16/FP16 1,979*.
     "H200": {"fp32": 67.0, "tf32": 494.5, "amp_fp16": 989.5, "bf16": 989.5},
     # NVIDIA's GB200 NVL72 / HGX B200 specifications, "individual Blackwell GPU" rows (tensor
@@ -39,6 +42,18 @@ PEAK_TFLOPS: dict[str, dict[str, float]] = {
     # GB200 NVL72 (the GPU at up to 1,200 W): FP32 80, TF32 2.5 PF*, FP16/BF16 5 PF*. The device
     # names itself "NVIDIA GB200", and the longest matching key wins over "B200".
     "GB200": {"fp32": 80.0, "tf32": 1250.0, "amp_fp16": 2500.0, "bf16": 2500.0},
+    # Tesla V100 datasheet: single precision 15.7 (SXM2) / 14 (PCIe), tensor performance
+    # (FP16 multiply, FP32 accumulate) 125 / 112, no sparsity. Volta has no TF32 or BF16 tensor
+    # cores: "tf32" runs in FP32, and bf16 has no peak to compare with (MFU None).
+    "V100-SXM2": {"fp32": 15.7, "tf32": 15.7, "amp_fp16": 125.0},
+    "V100-PCIE": {"fp32": 14.0, "tf32": 14.0, "amp_fp16": 112.0},
+    # NVIDIA T4 datasheet: single precision 8.1, mixed precision (FP16/FP32) 65; Turing has no
+    # TF32 or BF16 tensor cores either.
+    "T4": {"fp32": 8.1, "tf32": 8.1, "amp_fp16": 65.0},
+    # NVIDIA L4 datasheet: FP32 30.3, TF32 120*, BF16/FP16 242* (* with sparsity).
+    "L4": {"fp32": 30.3, "tf32": 60.0, "amp_fp16": 121.0, "bf16": 121.0},
+    # NVIDIA L40S datasheet: FP32 91.6, TF32 366*, BF16/FP16 733* (183 / 362.05 dense).
+    "L40S": {"fp32": 91.6, "tf32": 183.0, "amp_fp16": 362.05, "bf16": 362.05},
     # GeForce RTX 3080 Ti Laptop GPU: no datasheet gives TFLOP/s, so the figure is derived: 58 SMs
     # (7,424 CUDA cores) at the top of NVIDIA's published boost range (1,590 MHz; laptops ship
     # 1,125-1,590 by power limit) times the GA10x per-SM rates of the NVIDIA Ampere GA102
@@ -50,10 +65,13 @@ PEAK_TFLOPS: dict[str, dict[str, float]] = {
 
 
 def peak_tflops(gpu_name: str | None, precision: str) -> float | None:
-    """The table's figure for the longest key contained in the device name, else None."""
+    """The table's figure for the longest key found in the device name as a whole word
+    ("L4" names "NVIDIA L4", not "NVIDIA L40S"; "B200" not "NVIDIA GB200"), else None."""
     if not gpu_name:
         return None
-    matches = [k for k in PEAK_TFLOPS if k.lower() in gpu_name.lower()]
+    matches = [k for k in PEAK_TFLOPS
+               if re.search(rf"(?<![a-z0-9]){re.escape(k.lower())}(?![a-z0-9])",
+                            gpu_name.lower())]
     if not matches:
         return None
     return PEAK_TFLOPS[max(matches, key=len)].get(precision)

@@ -53,6 +53,16 @@ def test_peak_table_and_unknowns():
     assert peak_tflops("NVIDIA GB200", "bf16") == 2500.0  # longest key, not "B200"
     assert peak_tflops("NVIDIA GeForce RTX 3080 Ti Laptop GPU", "amp_fp16") == 47.2
     assert peak_tflops("NVIDIA GeForce RTX 3080 Ti", "bf16") is None  # the desktop card differs
+    # the device names these GPUs report, each matched as a whole word
+    assert peak_tflops("Tesla V100-SXM2-16GB", "amp_fp16") == 125.0
+    assert peak_tflops("Tesla V100-PCIE-32GB", "fp32") == 14.0
+    assert peak_tflops("Tesla V100-SXM2-32GB", "bf16") is None  # no BF16 tensor cores
+    assert peak_tflops("Tesla T4", "amp_fp16") == 65.0
+    assert peak_tflops("NVIDIA L4", "bf16") == 121.0
+    assert peak_tflops("NVIDIA L40S", "bf16") == 362.05  # not the L4's
+    assert peak_tflops("NVIDIA L40", "bf16") is None  # another card, not in the table
+    assert peak_tflops("NVIDIA H100 NVL", "tf32") == 417.5
+    assert peak_tflops("NVIDIA RTX A4000", "fp32") is None  # "T4"/"A4" are not inside words
     assert peak_tflops("cpu", "fp32") is None
     assert peak_tflops(None, "bf16") is None
     achieved, util = mfu(8e9, 10_000.0, "NVIDIA H100 80GB HBM3", "bf16")
