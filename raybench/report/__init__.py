@@ -16,7 +16,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from raybench import columns
-from raybench.report import figures, page
+from raybench.report import figures, page, reference
 from raybench.report.assess import (
     THROUGHPUT,
     rate_text,
@@ -80,6 +80,7 @@ def model(runs: list[dict[str, Any]], memory_budget_mb: float | None = None) -> 
         "units": {k: v for r in runs for k, v in r.get("units", {}).items()},
         "rows": judged[shown + ["validity_reasons", "validity_notes"]].to_dict("records"),
         "recommendations": recommend(df, memory_budget_mb),
+        "references": reference.compare(judged),
         "frame": df,
         "details": {k: v for r in runs for k, v in r["details"].items()},
     }
@@ -114,6 +115,7 @@ def write(run_dirs: list[Path], out: Path, memory_budget_mb: float | None = None
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text, encoding="utf-8")
     summary = {"title": m["title"], "header": m["header"], "units": m["units"],
+               "references": m["references"],
                "recommendations": m["recommendations"], "trials": m["rows"]}
     (out.parent / "benchmark_report.json").write_text(json.dumps(summary, indent=1, default=str))
     (out.parent / "benchmark_report.md").write_text(markdown(m))
@@ -125,6 +127,12 @@ def markdown(m: dict[str, Any]) -> str:
     for key, pick in m["recommendations"].items():
         if isinstance(pick, dict):
             lines.append(f"- {key}: {pick['label']}: {rate_text(pick)}")
+    if m.get("references"):
+        lines += ["", "## Published reference figures", "",
+                  "| " + " | ".join(reference.COLUMNS) + " |",
+                  "|" + " --- |" * len(reference.COLUMNS)]
+        lines += ["| " + " | ".join(str(r[c]) for c in reference.COLUMNS) + " |"
+                  for r in m["references"]]
     units = m.get("units") or {}
     heads = [f"{c} ({units[c]['unit']})" if c in units else c for c in m["columns"]]
     lines += ["", "## Trials", "", "| " + " | ".join(heads) + " |",

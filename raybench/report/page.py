@@ -61,6 +61,10 @@ def render(model: dict[str, Any], figures: list[tuple[str, go.Figure]]) -> str:
         f"<h2>{e(model.get('table_title', 'Trials'))}</h2>",
         _table(model["columns"], model["rows"], model.get("units") or {}),
     ]
+    if model.get("references"):  # published figures of the same GPU and workload
+        parts += ["<h2>Published reference figures (samples/s per GPU; ratio = measured / "
+                  "published)</h2>", _table(list(model["references"][0]),
+                                            model["references"], {})]
     for i, (name, fig) in enumerate(figures):
         parts.append(_figure(f"fig-{i}-{name}", fig))
     parts.append(f"<script>{SORT_JS}</script></body></html>")

@@ -281,3 +281,39 @@ def test_step_breakdown_stacks_the_timed_phases_and_the_rest():
     # the rest: 40 - 35, and never negative where phases add up to more than the mean step
     assert list(fig.data[3].y) == pytest.approx([5.0, 0.0, 1.0])
     assert tiles.step_breakdown(FRAME) is None  # no workload timed phases
+
+
+def test_published_reference_figures_beside_the_best_valid_matching_row():
+    from raybench.report import reference
+
+    rn50 = {"workload.name": "resnet", "workload.depth": 50, "workload.image_size": 224}
+
+    def trained(key, device, precision, per_gpu, valid=True):
+        return {**rn50, "trial_key": key, "device": device, "hardware.precision": precision,
+                "train/samples_per_s_per_worker": per_gpu, "valid": valid}
+
+    judged = pd.DataFrame([
+        trained("a", "NVIDIA A100-SXM4-80GB", "amp_fp16", 2223.0),
+        trained("b", "NVIDIA A100-SXM4-80GB", "amp_fp16", 1900.0),
+        trained("c", "NVIDIA A100-SXM4-80GB", "amp_fp16", 3000.0, valid=False),  # not trusted
+        trained("d", "Tesla V100-SXM2-32GB", "fp32", 320.4),
+        trained("e", "NVIDIA L40S", "bf16", 1500.0),  # no published figure: not shown
+        {**rn50, "trial_key": "f", "device": "Tesla T4", "hardware.precision": "fp32",
+         "workload.batch_size": 64, "infer/samples_per_s": 800.0, "infer/replicas_used": 2,
+         "valid": True},
+        {**rn50, "trial_key": "g", "device": "Tesla T4", "hardware.precision": "fp32",
+         "workload.batch_size": 32, "infer/samples_per_s": 900.0, "infer/replicas_used": 1,
+         "valid": True},  # another batch than the source's
+    ])
+    got = {(r["gpu"], r["mode"], r["precision"]): r for r in reference.compare(judged)}
+    assert set(got) == {("A100", "train", "amp_fp16"), ("V100-SXM2-32GB", "train", "fp32"),
+                        ("T4", "inference", "fp32")}
+    a100 = got[("A100", "train", "amp_fp16")]
+    assert a100["trial_key"] == "a" and a100["ratio"] == pytest.approx(2223.0 / 2470.0, abs=1e-3)
+    assert got[("V100-SXM2-32GB", "train", "fp32")]["published_per_gpu"] == 356.0  # not 16GB's
+    t4 = got[("T4", "inference", "fp32")]
+    assert t4["trial_key"] == "f" and t4["measured_per_gpu"] == 400.0 and t4["batch"] == 64
+    assert "DeepLearningExamples" in t4["source"]
+    m = {"title": "t", "header": [], "columns": ["trial_key"], "rows": [],
+         "references": reference.compare(judged)}
+    assert "Published reference figures" in page.render(m, [])
