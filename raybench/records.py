@@ -46,6 +46,7 @@ class RankRecord:
     node_id: str | None = None
     node_ip: str | None = None
     accelerator_ids: list[str] = field(default_factory=list)
+    nccl_net: str | None = None  # the network NCCL chose (fabric.py); None without NCCL
     pid: int | None = None
     device: str = "cpu"
     device_name: str = "cpu"

@@ -25,7 +25,7 @@ import ray.train.torch
 import torch
 from ray.train.torch import TorchConfig, TorchTrainer
 
-from raybench import metrics, workloads
+from raybench import fabric, metrics, workloads
 from raybench.columns import Metric, declare
 from raybench.context import WorkerContext, process_start
 from raybench.failures import failure
@@ -138,6 +138,14 @@ def tune_entry(config: dict[str, Any], trials: list[TrialSpec], storage: str,
     tune.report({"raybench_outcome": json.dumps(outcome.to_dict())})
 
 
+def _worker_env(trial: TrialSpec, execution: ExecutionSpec) -> dict[str, str]:
+    """The workers' environment: NCCL's debug file where ranks talk over NCCL (to read back
+    which network it chose), then the trial's own `hardware.env`, which wins."""
+    hw = trial.hardware
+    nccl = hw.use_gpu and hw.world_size > 1 and not execution.logical_gpus
+    return {**(fabric.debug_env(trial.key) if nccl else {}), **hw.env}
+
+
 def run_trial(trial: TrialSpec, storage: str, trials_dir: str, execution: ExecutionSpec,
               cwd: str | None = None, strategy: str = "PACK",
               trial_start: float | None = None) -> TrialOutcome:
@@ -205,7 +213,7 @@ def _attempt(trial: TrialSpec, storage: str, trials_dir: str, execution: Executi
             # (controller_failure_limit defaults to -1 in Ray 2.60).
             failure_config=ray.train.FailureConfig(max_failures=0, controller_failure_limit=0),
             # set as the worker processes start, before CUDA or NCCL read them
-            worker_runtime_env={"env_vars": dict(hw.env)} if hw.env else None,
+            worker_runtime_env={"env_vars": _worker_env(trial, execution)},
         ),
     )
     try:

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from raybench import workloads
+from raybench import fabric, workloads
 from raybench.context import WorkerContext
 from raybench.grid import TrialSpec
 from raybench.memory import peak_rss_mb, reset_peak_rss
@@ -38,6 +38,17 @@ def run_worker(trial: TrialSpec, ctx: WorkerContext) -> list[RankRecord] | None:
     """Run one trial on this rank; rank 0 returns every rank's record, other ranks None."""
     record = measure_rank(trial, ctx)
     return ctx.gather(record)
+
+
+def _nccl_network(ctx: WorkerContext) -> str | None:
+    """The network NCCL chose, from this rank's NCCL debug file (removed once read)."""
+    if not (ctx.is_cuda and ctx.distributed):
+        return None
+    net = fabric.read_network()
+    path = fabric.own_log()
+    if path is not None:
+        path.unlink(missing_ok=True)
+    return net
 
 
 def check_env(env: dict[str, str]) -> None:
@@ -121,6 +132,7 @@ def measure_rank(trial: TrialSpec, ctx: WorkerContext) -> RankRecord:
         node_id=ctx.node_id or socket.gethostname(),
         node_ip=ctx.node_ip,
         accelerator_ids=ctx.accelerator_ids,
+        nccl_net=_nccl_network(ctx),
         pid=os.getpid(),
         device=str(ctx.device),
         device_name=torch.cuda.get_device_name(ctx.device) if ctx.is_cuda else "cpu",

@@ -89,3 +89,21 @@ def test_dockerfile_copies_what_exists():
 def test_sbatch_is_accepted_by_slurm():
     for p in (ROOT / "cluster" / "slurm").glob("*.sbatch"):
         subprocess.run(["sbatch", "--test-only", str(p)], check=True)
+
+
+def test_multi_node_files_give_nccl_the_fabric():
+    """Without these NCCL falls back to TCP sockets between nodes (cluster/nccl_net: Socket)."""
+    sbatch = (ROOT / "cluster" / "slurm" / "raybench_dgx_a100.sbatch").read_text()
+    assert "SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK" in sbatch  # srun >= 22.05 inherits none
+    assert sbatch.count("srun $STEP") == 2 and "--gpus-per-task=8" in sbatch
+    assert "NCCL_IB_HCA" in sbatch
+    pod = yaml.safe_load((ROOT / "cluster" / "kuberay" / "raycluster_dgx_a100.yaml").read_text())
+    worker = pod["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
+    assert worker["resources"]["limits"]["rdma/rdma_shared_device_a"] == "1"
+    assert "IPC_LOCK" in worker["securityContext"]["capabilities"]["add"]
+    assert {e["name"] for e in worker["env"]} >= {"NCCL_IB_HCA"}
+    p4de = yaml.safe_load((ROOT / "cluster" / "launcher" / "aws_p4de.yaml").read_text())
+    node = p4de["available_node_types"]["gpu_a100_80g"]["node_config"]
+    efa = [n for n in node["NetworkInterfaces"] if n["InterfaceType"] == "efa"]
+    assert sorted(n["NetworkCardIndex"] for n in efa) == [0, 1, 2, 3]  # one EFA per card
+    assert "FI_PROVIDER=efa" in " ".join(p4de["worker_start_ray_commands"])

@@ -72,6 +72,8 @@ declare(
     Metric("cluster/nodes_used", "count", "distinct nodes the ranks ran on"),
     Metric("cluster/rank_nodes", "text", "each rank's node, in rank order"),
     Metric("cluster/rank_gpus", "text", "each rank's GPU ids, in rank order"),
+    Metric("cluster/nccl_net", "text", "the network NCCL chose: IB, IB/RoCE, Socket (TCP), AWS "
+           "Libfabric (EFA), ...; empty without NCCL"),
     Metric("perf/gflops_per_sample", "GFLOP", "work of one sample of a step (forward, plus "
            "backward when training)"),
     Metric("perf/achieved_tflops_per_gpu", "TFLOP/s", "FLOPs per second per rank"),
@@ -139,6 +141,7 @@ def summarize(records: Records) -> dict[str, Any]:
         "cluster/rank_gpus": ",".join("+".join(r.accelerator_ids or []) or "-"
                                       for r in records),
         "model/size_mb": first.model_size_mb,
+        "cluster/nccl_net": first.nccl_net,
     }
     for name in sorted({n for r in records for n in r.phase_s}):
         ms = np.concatenate([np.asarray(r.phase_s.get(name, [])) * 1e3 for r in records])

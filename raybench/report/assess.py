@@ -15,6 +15,7 @@ from typing import Any
 
 import pandas as pd
 
+from raybench import fabric
 from raybench.metrics import SLOW_RANK_PCT
 from raybench.telemetry import POWER_CAP
 
@@ -92,6 +93,10 @@ def notes(row: dict[str, Any]) -> list[str]:
         out.append("at the GPU's power limit" + share
                    + (f", {power:.0f} W mean" if _num(power) else "")
                    + (f", SM clock {clock:.0f} MHz mean" if _num(clock) else ""))
+    nodes = row.get("cluster/nodes_used")
+    if _num(nodes) and nodes > 1 and fabric.over_sockets(row.get("cluster/nccl_net")):
+        out.append("measured over TCP sockets (NCCL NET/Socket): the nodes' InfiniBand, RoCE or "
+                   "EFA devices were not used; see cluster/ for the settings")
     slow = row.get("train/slow_ranks")
     if isinstance(slow, str) and slow:
         out.append(f"rank {slow} more than {SLOW_RANK_PCT:g}% slower than the median rank on "

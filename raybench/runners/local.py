@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from raybench import metrics
+from raybench import fabric, metrics
 from raybench.context import WorkerContext, process_start
 from raybench.failures import failure
 from raybench.grid import TrialSpec, artifact_dir, trace_path
@@ -95,7 +95,9 @@ def _rank_main(rank: int, trial: TrialSpec, port: int, result: str,
                trace_dir: str | None) -> None:
     entry = time.time()
     hw = trial.hardware
-    os.environ.update(hw.env)  # before the process group and CUDA start
+    if hw.use_gpu and hw.world_size > 1:  # to read back which network NCCL chose
+        os.environ.update(fabric.debug_env(trial.key))
+    os.environ.update(hw.env)  # before the process group and CUDA start; the trial's win
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.distributed.init_process_group("nccl" if hw.use_gpu else "gloo", rank=rank,
                                          world_size=hw.world_size)
