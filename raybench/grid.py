@@ -241,13 +241,25 @@ def _with_workload_defaults(spec: SweepSpec, params: WorkloadParams,
     return {**defaults, **measure}
 
 
+# Fields added after trial keys were first recorded, at the value that means "as before": a
+# trial that leaves them there keeps the key it had, so resumed runs and the history's
+# regression tracking (grouped by key) still find it. A new field of that kind goes here.
+KEY_NEUTRAL: dict[str, dict[str, Any]] = {
+    "hardware": {"env": {}, "grad_accum_steps": 1},
+    "workload": {"activation_checkpointing": False},
+}
+_MISSING = object()
+
+
 def trial_key(workload_name: str, sections: dict[str, Any]) -> str:
     # The inference section joins the hash only where present: training keys stay as they were.
     payload = {"workload.name": workload_name,
                **{s: sections[s].model_dump(mode="json") for s in ALL_SECTIONS
                   if sections.get(s) is not None}}
-    if not payload["hardware"].get("env", True):
-        del payload["hardware"]["env"]  # keys of trials without one stay what they were
+    for section, fields in KEY_NEUTRAL.items():
+        for name, value in fields.items():
+            if section in payload and payload[section].get(name, _MISSING) == value:
+                del payload[section][name]
     blob = json.dumps(payload, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 

@@ -111,3 +111,21 @@ def test_preprocess_inputs_must_exist_without_generate(write_sweep, tmp_path):
                        f"preprocess: {{scenes: {tmp_path}/none, labels: {tmp_path}/l.csv}}\n")
     with pytest.raises(SpecError, match=r"preprocess=.*scenes directory .* does not exist"):
         load_sweep(path)
+
+
+def test_trials_that_use_no_new_field_keep_their_recorded_keys():
+    """Keys as the previous version (416f4e0) recorded them for the shipped sweeps: a field
+    added since (hardware.env, grad_accum_steps, activation_checkpointing) left at its neutral
+    value must not re-key a trial, or resume and the history's regressions lose it."""
+    from tests.conftest import ROOT
+
+    recorded = {"local_cpu": ["22bfe469e39a", "b880cb1c3d38", "48d95ef86402"],
+                "tiles_cpu": ["c9cf7f05ad63", "c07c5c249357", "84ab8a2af0ce"],
+                "efficientnet_cpu": ["50a881db7c53", "b14eb8adda37"]}
+    for name, keys in recorded.items():
+        got = [t.key for t in expand(load_sweep(ROOT / "sweeps" / f"{name}.yaml"))]
+        assert got[:len(keys)] == keys, name
+    # a trial that does use one is another trial
+    changed = expand(load_sweep(ROOT / "sweeps" / "local_cpu.yaml",
+                                ["hardware.grad_accum_steps=2"]))[0].key
+    assert changed != recorded["local_cpu"][0]
