@@ -154,12 +154,12 @@ class Resnet(Servable):
         """One optimizer step over its micro-batches, each loss scaled so the gradient is the
         mean over all of them; returns that mean loss."""
         self.opt.zero_grad(set_to_none=True)
-        total = torch.zeros((), device=self.ctx.device)
+        total = None  # one micro-batch (the usual case) adds no device work for the sum
         for images, labels in self.ctx.micro_batches(self.net, batch):
             with self.ctx.autocast():
                 loss = self.loss_fn(self.net(images), labels) / len(batch)
             (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
-            total += loss.detach()
+            total = loss.detach() if total is None else total + loss.detach()
         if self.scaler is not None:
             self.scaler.step(self.opt)
             self.scaler.update()

@@ -167,13 +167,13 @@ class VitTiles(Servable):
             return None
         self.opt.zero_grad(set_to_none=True)
         k = ctx.hardware.grad_accum_steps  # micro-batches: the resident batch k times
-        total = torch.zeros((), device=ctx.device)
+        total = None  # one micro-batch (the usual case) adds no device work for the sum
         for x, y in ctx.micro_batches(self.net, [(images, labels)] * k):
             with ctx.phase("forward"), ctx.autocast():
                 loss = self.loss_fn(self.net(x), y) / k
             with ctx.phase("backward"):
                 (self.scaler.scale(loss) if self.scaler else loss).backward()
-            total += loss.detach()
+            total = loss.detach() if total is None else total + loss.detach()
         with ctx.phase("optimizer"):
             if self.scaler:
                 self.scaler.step(self.opt)
