@@ -64,14 +64,19 @@ PEAK_TFLOPS: dict[str, dict[str, float]] = {
 }
 
 
+def names_gpu(device_name: str, key: str) -> bool:
+    """Whether the device name holds `key` as a whole word, case aside ("NVIDIA L40S" holds
+    "L40S", not "L4")."""
+    return re.search(rf"(?<![a-z0-9]){re.escape(key.lower())}(?![a-z0-9])",
+                     device_name.lower()) is not None
+
+
 def peak_tflops(gpu_name: str | None, precision: str) -> float | None:
     """The table's figure for the longest key found in the device name as a whole word
     ("L4" names "NVIDIA L4", not "NVIDIA L40S"; "B200" not "NVIDIA GB200"), else None."""
     if not gpu_name:
         return None
-    matches = [k for k in PEAK_TFLOPS
-               if re.search(rf"(?<![a-z0-9]){re.escape(k.lower())}(?![a-z0-9])",
-                            gpu_name.lower())]
+    matches = [k for k in PEAK_TFLOPS if names_gpu(gpu_name, k)]
     if not matches:
         return None
     return PEAK_TFLOPS[max(matches, key=len)].get(precision)

@@ -215,6 +215,14 @@ def _pick(row: dict[str, Any], varied: list[str]) -> dict[str, Any]:
             "config": {k: row[k] for k in varied if k in row}}
 
 
+def trained_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """Training rows that ran (inference rows have figures of their own: inference.py)."""
+    if "stage" in df:
+        df = df[df["stage"] == "benchmark"]
+    df = df[df["status"] == "ok"] if "status" in df else df
+    return df[df[THROUGHPUT].notna()] if THROUGHPUT in df else df.iloc[0:0]
+
+
 def _num(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool) and v == v
 

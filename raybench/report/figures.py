@@ -22,6 +22,7 @@ from raybench.report.assess import (
     accuracy_key,
     config_label,
     peak_memory_mb,
+    trained_rows,
     varied_columns,
 )
 
@@ -30,20 +31,12 @@ WORLD = "train/world_size"
 PRECISION = "hardware.precision"
 
 
-def _ok(df: pd.DataFrame) -> pd.DataFrame:
-    """Training rows that ran (inference rows have figures of their own: inference.py)."""
-    if "stage" in df:
-        df = df[df["stage"] == "benchmark"]
-    df = df[df["status"] == "ok"] if "status" in df else df
-    return df[df[THROUGHPUT].notna()] if THROUGHPUT in df else df.iloc[0:0]
-
-
 def _series_key(row: dict[str, Any], keys: list[str]) -> str:
     return ", ".join(f"{k.split('/')[-1].split('.')[-1]}={row[k]}" for k in keys if k in row)
 
 
 def throughput_vs_batch(df: pd.DataFrame) -> go.Figure | None:
-    ok = _ok(df)
+    ok = trained_rows(df)
     if ok.empty or BATCH not in ok or ok[BATCH].nunique() < 2:
         return None
     keys = [k for k in ("run_id", WORLD, PRECISION, "workload.tile", "workload.mode")
@@ -62,7 +55,7 @@ def throughput_vs_batch(df: pd.DataFrame) -> go.Figure | None:
 
 def scaling_efficiency(df: pd.DataFrame) -> go.Figure | None:
     """Throughput at n ranks over n x throughput at 1 rank, for otherwise equal configs."""
-    ok = _ok(df)
+    ok = trained_rows(df)
     if ok.empty or WORLD not in ok or ok[WORLD].nunique() < 2 or (ok[WORLD] == 1).sum() == 0:
         return None
     others = [c for c in varied_columns(ok)
@@ -88,7 +81,7 @@ def scaling_efficiency(df: pd.DataFrame) -> go.Figure | None:
 
 
 def memory_vs_batch(df: pd.DataFrame) -> go.Figure | None:
-    ok = _ok(df)
+    ok = trained_rows(df)
     if ok.empty or BATCH not in ok:
         return None
     cols = [c for c in ("mem/peak_allocated_mb", "mem/peak_reserved_mb", "mem/allocated_mb",
@@ -119,10 +112,10 @@ def pareto_front(points: list[tuple[float, float]]) -> list[int]:
 
 
 def memory_vs_throughput(df: pd.DataFrame) -> go.Figure | None:
-    rows = [r for r in _ok(df).to_dict("records") if peak_memory_mb(r) is not None]
+    rows = [r for r in trained_rows(df).to_dict("records") if peak_memory_mb(r) is not None]
     if len(rows) < 2:
         return None
-    varied = varied_columns(_ok(df))
+    varied = varied_columns(trained_rows(df))
     pts = [(peak_memory_mb(r), r[THROUGHPUT]) for r in rows]
     labels = [config_label(r, varied) for r in rows]
     front = pareto_front(pts)
@@ -143,8 +136,8 @@ def step_time_distributions(details: dict[str, dict[str, Any]], df: pd.DataFrame
     """Box per trial of every measured step (all ranks pooled) from the trial JSON files."""
     if not details:
         return None
-    varied = varied_columns(_ok(df))
-    rows = {r["trial_key"]: r for r in _ok(df).to_dict("records")}
+    varied = varied_columns(trained_rows(df))
+    rows = {r["trial_key"]: r for r in trained_rows(df).to_dict("records")}
     fig = go.Figure()
     for key, d in details.items():
         steps = [(w + c) * 1e3 for rec in d.get("records", [])
@@ -173,7 +166,7 @@ def rank_skew(details: dict[str, dict[str, Any]]) -> go.Figure | None:
 
 def accuracy_vs_throughput(df: pd.DataFrame) -> go.Figure | None:
     """Where the workload reports accuracy: what each configuration buys and costs."""
-    ok = _ok(df)
+    ok = trained_rows(df)
     key = accuracy_key(ok.to_dict("records"))
     if key is None:
         return None
@@ -283,7 +276,7 @@ def all_figures(df: pd.DataFrame, details: dict[str, dict[str, Any]]
 
 def comparison_per_rank(df: pd.DataFrame) -> go.Figure | None:
     """Several runs side by side, normalised per rank (per GPU on GPU runs)."""
-    ok = _ok(df)
+    ok = trained_rows(df)
     if ok.empty or "run_id" not in ok or ok["run_id"].nunique() < 2:
         return None
     per_rank = "train/samples_per_s_per_worker"
@@ -301,7 +294,7 @@ def comparison_per_rank(df: pd.DataFrame) -> go.Figure | None:
 def history(hist: pd.DataFrame, flagged: pd.DataFrame, metric: str = THROUGHPUT,
             unit: str | None = None) -> go.Figure | None:
     """A metric over time per configuration (trial key), regressions marked."""
-    ok = _ok(hist)
+    ok = trained_rows(hist)
     if ok.empty or metric not in ok:
         return None
     fig = go.Figure()

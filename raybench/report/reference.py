@@ -9,11 +9,13 @@ line, with its source.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
+
+from raybench.flops import names_gpu
+from raybench.report.assess import _num
 
 # NVIDIA DeepLearningExamples, PyTorch/Classification/ConvNets/resnet50v1.5/README.md,
 # "Training performance results" / "Inference performance results" (pytorch-21.03 NGC
@@ -53,11 +55,6 @@ COLUMNS = ["gpu", "workload", "mode", "precision", "batch", "published_per_gpu",
            "measured_per_gpu", "ratio", "trial_key", "source"]
 
 
-def _gpu_matches(key: str, device: Any) -> bool:
-    return isinstance(device, str) and re.search(
-        rf"(?<![a-z0-9]){re.escape(key.lower())}(?![a-z0-9])", device.lower()) is not None
-
-
 def _per_gpu(row: dict[str, Any], mode: str) -> float | None:
     """A row's samples/s per GPU in this mode, None where it is not such a row."""
     if mode == "train":
@@ -66,10 +63,6 @@ def _per_gpu(row: dict[str, Any], mode: str) -> float | None:
         rate, replicas = row.get("infer/samples_per_s"), row.get("infer/replicas_used")
         v = rate / replicas if _num(rate) and _num(replicas) and replicas else None
     return float(v) if _num(v) else None
-
-
-def _num(v: Any) -> bool:
-    return isinstance(v, int | float) and v == v
 
 
 def compare(judged: pd.DataFrame, references: list[Reference] = REFERENCES
@@ -82,7 +75,7 @@ def compare(judged: pd.DataFrame, references: list[Reference] = REFERENCES
     for ref in references:
         best, best_v = None, None
         for r in rows:
-            if not _gpu_matches(ref.gpu, r.get("device")):
+            if not (isinstance(r.get("device"), str) and names_gpu(r["device"], ref.gpu)):
                 continue
             if any(r.get(k) != v for k, v in ref.workload.items()):
                 continue

@@ -12,19 +12,18 @@ import re
 import pandas as pd
 import plotly.graph_objects as go
 
-from raybench.report.assess import THROUGHPUT, config_label, peak_memory_mb, varied_columns
+from raybench.report.assess import (
+    THROUGHPUT,
+    config_label,
+    peak_memory_mb,
+    trained_rows,
+    varied_columns,
+)
 
 TILE = "workload.tile"
 BATCH = "workload.batch_size"
 # Means of the step and of parts that are not phases a workload timed
 _NOT_PHASES = {"step_time", "compute_time", "data_wait", "own_compute"}
-
-
-def _ok(df: pd.DataFrame) -> pd.DataFrame:
-    if "stage" in df:
-        df = df[df["stage"] == "benchmark"]
-    df = df[df["status"] == "ok"] if "status" in df else df
-    return df[df[THROUGHPUT].notna()] if THROUGHPUT in df else df.iloc[0:0]
 
 
 def _per_batch(ok: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
@@ -43,7 +42,7 @@ def _per_batch(ok: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
 
 
 def throughput_vs_tile(df: pd.DataFrame) -> go.Figure | None:
-    ok = _ok(df)
+    ok = trained_rows(df)
     if ok.empty or TILE not in ok or ok[TILE].nunique() < 2:
         return None
     fig = go.Figure()
@@ -57,7 +56,7 @@ def throughput_vs_tile(df: pd.DataFrame) -> go.Figure | None:
 
 def memory_vs_tile(df: pd.DataFrame) -> go.Figure | None:
     """The memory that limits a tile: device peak on GPU, process peak on CPU."""
-    ok = _ok(df)
+    ok = trained_rows(df)
     if ok.empty or TILE not in ok or ok[TILE].nunique() < 2:
         return None
     fig = go.Figure()
@@ -84,7 +83,7 @@ def phases_of(df: pd.DataFrame) -> list[str]:
 def step_breakdown(df: pd.DataFrame) -> go.Figure | None:
     """Mean step time per configuration split into its timed phases, stacked; `rest` is what
     the phases leave of the step (data wait, launch, synchronisation), never below zero."""
-    ok = _ok(df)
+    ok = trained_rows(df)
     phases = phases_of(ok)
     if ok.empty or not phases:
         return None
