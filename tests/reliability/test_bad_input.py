@@ -1,8 +1,13 @@
 """Bad input through the real CLI: exit 2, one paragraph naming the file, the key and the fix, and
-nothing written to any results or history table (issue: reliability, item 5)."""
+nothing written to any results or history table (issue: reliability, item 5). Most cases call the
+CLI's `main` in this process (a process per case cost 3-5 s of imports each); the cases that need
+a process of their own (the exit status a shell sees, a cluster) start one."""
 
 from __future__ import annotations
 
+import contextlib
+import io
+import os
 import subprocess
 import sys
 import textwrap
@@ -16,11 +21,26 @@ from tests.conftest import ROOT, TINY_SWEEP
 SWEEP = TINY_SWEEP + "output: {root: RESULTS}\n"  # the shared tiny sweep, tables under tmp
 
 
-def run_cli(tmp_path: Path, text: str, *args: str) -> subprocess.CompletedProcess:
+def run_cli(tmp_path: Path, text: str, *args: str,
+            process: bool = False) -> subprocess.CompletedProcess:
+    """`python -m raybench.sweep SWEEP ARGS` from the project root, as its own process or as
+    the same `main` called here; stdout, stderr and the exit status either way."""
     path = tmp_path / "sweep.yaml"
     path.write_text(textwrap.dedent(text).replace("RESULTS", str(tmp_path / "results")))
-    return subprocess.run([sys.executable, "-m", "raybench.sweep", str(path), *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+    argv = [str(path), *args]
+    if process:
+        return subprocess.run([sys.executable, "-m", "raybench.sweep", *argv], cwd=ROOT,
+                              capture_output=True, text=True, timeout=300)
+    from raybench import sweep
+
+    out, err, cwd = io.StringIO(), io.StringIO(), os.getcwd()
+    try:
+        os.chdir(ROOT)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = sweep.main(argv)
+    finally:
+        os.chdir(cwd)
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 
 
 def assert_rejected(tmp_path: Path, proc: subprocess.CompletedProcess, *fragments: str) -> None:
@@ -63,7 +83,7 @@ def test_output_directory_that_cannot_be_written(tmp_path):
 @pytest.mark.ray
 def test_gpus_asked_of_a_cluster_without_gpus(tmp_path):
     proc = run_cli(tmp_path, SWEEP, "--set", "hardware.num_gpus=1", "--output",
-                   str(tmp_path / "results" / "run"))
+                   str(tmp_path / "results" / "run"), process=True)
     assert_rejected(tmp_path, proc, "hardware.num_gpus", "ask for GPUs", "has none")
     assert not (tmp_path / "results" / "run").exists()  # not even an empty run directory
 
@@ -121,5 +141,5 @@ def test_bad_label_csv_is_named(tmp_path, scenes, damage):
 def test_safe_yaml_loader_refuses_python_tags(tmp_path):
     text = SWEEP.replace("name: tiny", "name: !!python/object/apply:os.system ['touch PWNED']")
     assert "!!python" in text
-    proc = run_cli(tmp_path, text)
+    proc = run_cli(tmp_path, text, process=True)  # the exit status a shell sees, too
     assert proc.returncode == 2 and not (ROOT / "PWNED").exists()
