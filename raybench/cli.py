@@ -32,6 +32,10 @@ def load(path: str, overrides: list[str]) -> tuple[SweepSpec, list[TrialSpec]] |
         variants = stage_variants(spec)  # validated here too, before anything starts
         trials = expand(spec)
         _check_stage_inputs(spec, variants)
+        if spec.output.mlflow:
+            from raybench import tracking
+
+            tracking.check(spec)  # an unreachable tracking URI is input to fix, before any run
         return spec, trials
     except SpecError as e:
         print(f"raybench: invalid sweep: {e}", file=sys.stderr)

@@ -16,6 +16,7 @@ import math
 import os
 import subprocess
 import tempfile
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -193,9 +194,12 @@ class RowWriter:
     """Turns trial outcomes into rows and trial files; remembers what is written."""
 
     def __init__(self, spec: SweepSpec, run_id: str, table: ResultsTable,
-                 history: History | None = None, jsonl: bool = False):
+                 history: History | None = None, jsonl: bool = False,
+                 sinks: list[Callable[[dict[str, Any], Path], None]] | None = None):
         self.spec, self.run_id, self.table, self.history = spec, run_id, table, history
         self.jsonl = jsonl  # print each trial's row as a JSON line on stdout as it is written
+        # each is given a trial's row and trial file once both are on disk (tracking.Tracker)
+        self.sinks = list(sinks or [])
         self.done: dict[str, str] = {}
         self.outcomes: dict[str, TrialOutcome] = {}
         self.stages: list[dict[str, Any]] = []
@@ -215,16 +219,18 @@ class RowWriter:
 
     def write(self, trial: TrialSpec, outcome: TrialOutcome) -> None:
         with interrupts.row_section():  # a Ctrl-C waits until row, trial file and history agree
-            self._write(trial, outcome)
+            row, trial_file = self._write(trial, outcome)
+        for sink in self.sinks:
+            sink(row, trial_file)
 
-    def _write(self, trial: TrialSpec, outcome: TrialOutcome) -> None:
+    def _write(self, trial: TrialSpec, outcome: TrialOutcome) -> tuple[dict[str, Any], Path]:
         stamp = now()
         row = make_row(
             sweep=self.spec.name, run_id=self.run_id, system=self.spec.system.label, trial=trial,
             status=outcome.status, error=outcome.error, metrics=outcome.metrics,
             start=outcome.start_time or stamp, end=outcome.end_time or stamp,
         )
-        self.table.write_trial(trial, {
+        trial_file = self.table.write_trial(trial, {
             "trial": trial.to_dict(), "row": row, "ranks": outcome.ranks,
             "records": outcome.records,
         })
@@ -237,6 +243,7 @@ class RowWriter:
         thr = headline(outcome.metrics)
         log.info("trial %d %s: %s%s", trial.index, trial.key, outcome.status,
                  f", {thr:.1f} samples/s" if thr else f" ({(outcome.error or '')[:200]})")
+        return row, trial_file
 
     def write_stage(self, key: str, outcome: TrialOutcome, start: str) -> None:
         """A preprocess stage run as a row: `stage=preprocess`, its config and figures (once per

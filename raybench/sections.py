@@ -152,6 +152,15 @@ class ExecutionSpec(Strict):
         "a trial past it ends as status=timeout (default: none)")
 
 
+class MlflowSpec(Strict):
+    tracking_uri: str = Field(
+        min_length=1, description="where MLflow keeps the runs: a tracking server "
+        "(http://host:5000), a database (sqlite:///mlflow.db) or another URI MLflow's client takes")
+    experiment: str | None = Field(
+        None, min_length=1, description="experiment name (created if missing); default the "
+        "sweep's name")
+
+
 class OutputSpec(Strict):
     root: str = "results"
     dir: str | None = None  # exact run directory; default <root>/<name>/<UTC timestamp>
@@ -159,6 +168,10 @@ class OutputSpec(Strict):
         None, description="shared storage for a cluster: a path on a shared filesystem or a "
         "URI pyarrow understands (s3://bucket/prefix, gs://..., file:///...). Ray Train writes "
         "checkpoints there, and the driver copies the run directory there when the sweep ends")
+    mlflow: MlflowSpec | None = Field(
+        None, description="log one MLflow run per trial (configuration as parameters, the row's "
+        "figures as metrics, the trial JSON as an artefact) under one run for the sweep (its "
+        "report, system facts and table)")
 
 
 class LargestBatchSpec(Strict):

@@ -108,7 +108,13 @@ def run_sweep(spec: SweepSpec, trials: list[TrialSpec], out: Path, runner: Runne
     the report are wired here for every runner."""
     t0 = time.monotonic()
     interrupted: int | None = None
-    writer = RowWriter(spec, out.name, ResultsTable(out), history, jsonl)
+    tracker = None
+    if spec.output.mlflow:  # checked reachable at load (cli.load)
+        from raybench.tracking import Tracker
+
+        tracker = Tracker(spec, out)
+    writer = RowWriter(spec, out.name, ResultsTable(out), history, jsonl,
+                       sinks=[tracker.log_trial] if tracker else None)
     if writer.resumed:
         log.info("resuming %s: %d trial rows on disk, %d trials to run", out, writer.resumed,
                  sum(t.key not in writer.done for t in trials))
@@ -118,6 +124,8 @@ def run_sweep(spec: SweepSpec, trials: list[TrialSpec], out: Path, runner: Runne
             runner.check(trials)
             if not writer.resumed:  # a resumed run keeps the system facts its first rows came from
                 write_run_files(out, spec, *runner.system())
+            if tracker:
+                tracker.start()
             outputs = [_stage(variant, out, writer) for variant in stage_variants(spec)]
             trials = _with_stage_output(trials, outputs)
             if not spec.search:  # a resumed search replays its probes' rows instead (probe below)
@@ -149,6 +157,8 @@ def run_sweep(spec: SweepSpec, trials: list[TrialSpec], out: Path, runner: Runne
                     "with --resume to finish", interrupted, len(writer.done))
     summary = writer.summary(out, time.monotonic() - t0)
     summary = {**summary, "report": write_report(out)}
+    if tracker:
+        summary["mlflow"] = tracker.finish({**summary, "interrupted": interrupted})
     if interrupted:
         summary["interrupted"] = interrupted
         return summary  # a partial run is not published
