@@ -126,7 +126,9 @@ class Tracker:
             run = self.client.create_run(
                 self.experiment_id, start_time=_ms(row["start_time"]),
                 run_name=f"{row['trial_index']:04d}_{row['trial_key']}",
-                tags={"mlflow.parentRunId": self.sweep_run, "raybench.role": "trial"})
+                tags={"mlflow.parentRunId": self.sweep_run, "raybench.role": "trial",
+                      # where this trial's report is once the sweep ends
+                      "raybench.report": f"runs:/{self.sweep_run}/report.html"})
             rid = run.info.run_id
             entries = ([Param(k, v) for k, v in params.items()]
                        + [Metric(k, v, end, 0) for k, v in metrics.items()]

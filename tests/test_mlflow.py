@@ -97,6 +97,8 @@ def test_each_trial_is_an_mlflow_run_under_the_sweeps_run(server, tmp_path):
     assert parent.data.tags["raybench.output"] == str(out.resolve())
     assert set(trials) == {"synthetic", "imagefolder"}
     assert all(r.data.tags["mlflow.parentRunId"] == parent.info.run_id for r in trials.values())
+    assert all(r.data.tags["raybench.report"] == f"runs:/{parent.info.run_id}/report.html"
+               for r in trials.values())
 
     import pandas as pd
 
