@@ -36,7 +36,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raybench.data import xview3 as x3
-from raybench.data.chipread import ChipParams, ChipReadError, read_strip, scene_shape
+from raybench.data.chipread import ChipParams, ChipReadError, read_strip, scene_shape, timed
 from raybench.data.draws import Draws
 from raybench.data.labels import chip_labels, read_labels
 from raybench.memory import peak_rss_mb
@@ -124,9 +124,29 @@ def chip_scenes(scenes: Path, labels_csv: Path, out: Path, params: ChipParams,
         "mb_per_s": nbytes / 2**20 / elapsed if elapsed > 0 and chips else None,
         "peak_rss_mb_worker": max((r["peak_rss_mb"] for r in results), default=None),
         "peak_rss_mb_driver": peak_rss_mb(), "chips_total": len(index), "errors": errors,
+        "profile_s": _profile(results),
     }
     (out / "errors.json").write_text(json.dumps(errors, indent=1))
     return summary
+
+
+# The chip arrays (data, mask) are written as they are: float32 SAR does not compress, so snappy
+# spent its time for nothing, and Parquet's default dictionary attempt and min/max statistics
+# hash and compare megabyte-sized values no reader uses. Writing was 44% of a strip task's time
+# with the defaults (`bench chips`, docs/performance.md). The small metadata columns keep them.
+SHARD_WRITE = {"compression": {"data": "none", "mask": "snappy"},
+               "use_dictionary": ["scene_id"], "write_statistics": ["chip_index", "chip_row",
+                                                                   "chip_col"]}
+
+PHASES = ("read", "resample", "normalize", "encode", "write")
+
+
+def _profile(results: list[dict[str, Any]]) -> dict[str, float]:
+    """Seconds per phase summed over the strip tasks (task-seconds: with several tasks at once
+    they add up to more than the wall time), `other` the tasks' time outside the phases."""
+    total = {p: sum(r.get("clock", {}).get(p, 0.0) for r in results) for p in PHASES}
+    tasks = sum(r.get("clock", {}).get("task", 0.0) for r in results)
+    return {**total, "other": max(0.0, tasks - sum(total.values())), "tasks": tasks}
 
 
 def _with_progress(strips: Iterator[dict[str, Any]], todo: list[dict[str, Any]]
@@ -178,14 +198,18 @@ def _strip_task(item: dict[str, Any]) -> dict[str, Any]:
     shard.parent.mkdir(parents=True, exist_ok=True)
     tmp = shard.with_suffix(f".tmp{os.getpid()}")
     meta, nbytes, writer = [], 0, None
+    start, clock = time.perf_counter(), {}
     try:
         for k in range(0, len(item["cols"]), CHIPS_PER_READ):
             cols = item["cols"][k: k + CHIPS_PER_READ]
-            data, mask = read_strip(Path(item["scene_dir"]), item["strip"], cols, params)
-            rows = _chip_rows(item, cols, params.stride, mask)
-            table = pa.table({**rows, "data": _fixed_binary(data), "mask": _fixed_binary(mask)})
-            writer = writer or pq.ParquetWriter(tmp, table.schema)
-            writer.write_table(table)  # one row group per read: memory stays at one group
+            data, mask = read_strip(Path(item["scene_dir"]), item["strip"], cols, params, clock)
+            with timed(clock, "encode"):
+                rows = _chip_rows(item, cols, params.stride, mask)
+                table = pa.table({**rows, "data": _fixed_binary(data),
+                                  "mask": _fixed_binary(mask)})
+            with timed(clock, "write"):
+                writer = writer or pq.ParquetWriter(tmp, table.schema, **SHARD_WRITE)
+                writer.write_table(table)  # one row group per read: memory stays at one group
             nbytes += data.nbytes
             meta += [{c: v[i] for c, v in rows.items()} for i in range(len(cols))]
     except ChipReadError as e:
@@ -194,12 +218,14 @@ def _strip_task(item: dict[str, Any]) -> dict[str, Any]:
         tmp.unlink(missing_ok=True)
         return {"scene_id": item["scene_id"], "strip": item["strip"], "error": str(e),
                 "chips": "[]", "bytes_read": 0, "peak_rss_mb": peak_rss_mb()}
-    writer.close()
-    os.replace(tmp, shard)
+    with timed(clock, "write"):
+        writer.close()
+        os.replace(tmp, shard)
+    clock["task"] = time.perf_counter() - start
     rel = str(shard.relative_to(item["out"]))
     return {"scene_id": item["scene_id"], "strip": item["strip"], "error": None,
             "chips": json.dumps([m | {"shard": rel} for m in meta]), "bytes_read": nbytes,
-            "peak_rss_mb": peak_rss_mb()}
+            "peak_rss_mb": peak_rss_mb(), "clock": clock}
 
 
 def _chip_rows(item: dict[str, Any], cols: list[int], stride: int,

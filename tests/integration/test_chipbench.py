@@ -22,6 +22,12 @@ def test_chips_benchmark_smoke(tmp_path):
     result = json.loads(proc.stdout.strip().splitlines()[-1])["raybench_chips_bench"]
     # one train scene of 900 x 1000 px: 3 x 4 chips of 300 px on both sides
     assert result["baseline"]["chips"] == result["raybench"]["chips"] == 12
-    assert result["speedup_chips_per_s"] > 0
+    assert result["copy_limit"]["chips"] == 12
+    assert result["speedup_chips_per_s"] > 0 and result["fraction_of_copy_limit"] > 0
+    # raybench's task time by phase: every phase was timed, and the shares add up to the whole
+    shares = result["raybench_time_shares"]
+    assert set(shares) == {"read", "resample", "normalize", "encode", "write", "other"}
+    assert all(shares[p] > 0 for p in ("read", "resample", "normalize", "encode", "write"))
+    assert sum(shares.values()) == pytest.approx(1.0)
     assert result["baseline"]["peak_rss_mb"] > 0 and result["raybench_peak_rss_mb"] > 0
     assert not (tmp_path / "d" / "bench_raybench").exists()  # outputs are cleaned up
