@@ -116,12 +116,19 @@ def breakdown(row: dict[str, Any], sweep_s: float) -> dict[str, float]:
     trial's own phases from its row (`overhead/*`, metrics.overhead.fixed_cost) and
     `sweep_loop`, what the sweep spent around the trial (Tune's start and end, the run files,
     the report)."""
+    from raybench.metrics.overhead import TRAIN_START_PARTS
+
     out = {k.split("/", 1)[1].removesuffix("_s"): float(v) for k, v in row.items()
-           if k.startswith("overhead/") and k != "overhead/fixed_s" and v == v}
+           if k.startswith("overhead/") and k != "overhead/fixed_s" and v == v
+           and k not in TRAIN_START_PARTS}
     driver = _seconds(row["start_time"], row["end_time"]) + out.get("report", 0.0)
     out["sweep_loop"] = sweep_s - driver
     # what no stamp brackets (a rank's way from its record to its exit, clock steps)
     out["other"] = sweep_s - row["train/measured_s"] - sum(out.values())
+    # train_start's parts, shown beside it (not added again)
+    for k in TRAIN_START_PARTS:
+        if k in row and row[k] == row[k]:
+            out["train_start." + k.split("/", 1)[1].removesuffix("_s")] = float(row[k])
     return out
 
 

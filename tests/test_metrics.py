@@ -102,12 +102,22 @@ def test_fixed_cost_phases_from_the_runner_and_rank_stamps():
                        "measure_end": measured_end, **extra}
         return r
 
-    recs = [stamped(0, 110.0, 111.0, 113.0, loop_exit=113.4),
-            stamped(1, 112.0, 112.7, 113.2)]  # the slower rank decides each phase
+    recs = [stamped(0, 110.0, 111.0, 113.0, loop_exit=113.4, process_start=103.0,
+                    imported=108.0),
+            stamped(1, 112.0, 112.7, 113.2, process_start=104.0, imported=109.5)]
+    # the slower rank decides each phase
     stamps = {"trial_start": 100.0, "fit_start": 101.5, "fit_end": 114.0}
     m = fixed_cost(recs, stamps)
     assert m["overhead/trial_start_s"] == pytest.approx(1.5)
     assert m["overhead/train_start_s"] == pytest.approx(10.5)  # to the last rank's entry
+    # ... in two parts, the last rank's: its process's launch 2.5, that process to the loop 8
+    assert (m["overhead/worker_launch_s"], m["overhead/worker_start_s"]) == pytest.approx(
+        (2.5, 8.0))
+    # a process Ray had started before the fit: no launch, all of it is the worker's start
+    early = [stamped(0, 110.0, 111.0, 113.0, loop_exit=113.4, process_start=90.0)]
+    e = fixed_cost(early, stamps)
+    assert (e["overhead/worker_launch_s"], e["overhead/worker_start_s"]) == pytest.approx(
+        (0.0, 8.5))
     assert m["overhead/rank_prep_s"] == pytest.approx(0.5)
     assert m["overhead/setup_s"] == pytest.approx(0.5)  # rank 0: 0.5, rank 1: 0.2
     assert m["overhead/warmup_s"] == pytest.approx(0.2)

@@ -16,6 +16,12 @@ declare(
            "function trial, the trainer object)"),
     Metric("overhead/train_start_s", "s", "fit start to the last rank's entry: controller, "
            "worker placement and processes, their imports, the process group"),
+    Metric("overhead/worker_launch_s", "s", "part of train_start: fit start to the slowest "
+           "rank's process starting (controller, placement, the process's launch; 0 for a "
+           "process Ray had started before)"),
+    Metric("overhead/worker_start_s", "s", "part of train_start: that process's start to the "
+           "rank entering its loop (Python, Ray's worker, Ray Train's worker set-up with torch "
+           "and the process group, the trial function and raybench loaded)"),
     Metric("overhead/rank_prep_s", "s", "a rank's device, threads and math mode (slowest rank)"),
     Metric("overhead/setup_s", "s", "the workload's model and data (slowest rank)"),
     Metric("overhead/warmup_s", "s", "unmeasured warmup steps (slowest rank)"),
@@ -52,6 +58,8 @@ def fixed_cost(records: list[RankRecord] | list[dict[str, Any]],
         out["overhead/record_s"] = rank0["loop_exit"] - max(s["measure_end"] for s in st)
     if "fit_start" in stamps:
         out["overhead/train_start_s"] = entry - stamps["fit_start"]
+        out.update(_train_start_parts(max(st, key=lambda s: s["loop_entry"]),
+                                      stamps["fit_start"]))
         if "trial_start" in stamps:
             out["overhead/trial_start_s"] = stamps["fit_start"] - stamps["trial_start"]
     if "fit_end" in stamps and "loop_exit" in rank0:
@@ -62,3 +70,18 @@ def fixed_cost(records: list[RankRecord] | list[dict[str, Any]],
         out["overhead/fixed_s"] = stamps["fit_end"] - start - measured
     return out
 
+
+
+TRAIN_START_PARTS = ("overhead/worker_launch_s", "overhead/worker_start_s")
+
+
+def _train_start_parts(last: dict[str, float], fit_start: float) -> dict[str, float]:
+    """train_start split at the slowest rank's process start; the parts add up to
+    train_start. (raybench's own import stamp is no finer cut: Ray Train loads the trial
+    function, and with it raybench, after the process group, just before the loop.) A process
+    Ray started before the fit (a pooled worker) had no launch to wait for."""
+    if not last.get("process_start"):
+        return {}
+    launched = max(last["process_start"], fit_start)
+    return {"overhead/worker_launch_s": launched - fit_start,
+            "overhead/worker_start_s": last["loop_entry"] - launched}
