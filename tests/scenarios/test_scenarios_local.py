@@ -59,6 +59,26 @@ def path_limit(gaps: np.ndarray, service_s, bound_s: float, pct: float,
     return lo
 
 
+def search_with_one_more_after_a_stall(trial, known_of, low: float = 0.80):
+    """The Server search of `trial`, once more if its first answer fell short of the known
+    limit because a probe below that limit stopped early (more than 1% of its queries late, no
+    percentile kept). A stall of the VM of tens of milliseconds does that: in CI on 2026-11-24
+    probes at 68 and 96 queries/s stopped early with the limit at 110 and the search settled at
+    67 while this test took 4x its usual time. Any other shortfall gets no second search."""
+    out = run_trial(trial, "local")
+    if out.status != "ok":
+        return out
+    known = known_of(out.metrics)
+    if out.metrics["server/rate_qps"] >= known * low:
+        return out
+    probes = json.loads(out.metrics["server/search"])
+    if any(p["passed"] is False and p["p99_ms"] is None and p["rate_qps"] < known
+           for p in probes):
+        print("a probe below the known limit stopped early (a stall): searching again", probes)
+        out = run_trial(trial, "local")
+    return out
+
+
 def test_server_search_finds_the_known_limit_of_a_fixed_service_time():
     """One replica taking 5 ms per query, p99 bound 25 ms, 400 Poisson queries per rate. The
     known limit: the rate at which a FIFO queue with that service time, fed the same arrival
@@ -67,7 +87,12 @@ def test_server_search_finds_the_known_limit_of_a_fixed_service_time():
     (t,) = sweep({"name": "fixed_service", "service_ms": 5.0}, scenario="server",
                  latency_bound_ms=25.0, probe_seconds=0.1, min_queries=400,
                  rate_tolerance_pct=2.0)
-    out = run_trial(t, "local")
+
+    def known_of(m):  # for the service time the run measured
+        return path_limit(server.unit_gaps(0, 400), lambda n: m["server/service_mean_ms"] / 1e3,
+                          0.025, 99.0)
+
+    out = search_with_one_more_after_a_stall(t, known_of)
     assert out.status == "ok", out.error
     m = out.metrics
     service_ms = m["server/service_mean_ms"]
@@ -95,10 +120,10 @@ def test_server_dynamic_batching_finds_the_known_limit_of_a_batching_queue():
     (t,) = sweep({"name": "fixed_service", "service_ms": 10.0, "per_sample_ms": 1.0},
                  scenario="server", latency_bound_ms=50.0, probe_seconds=0.1, min_queries=600,
                  rate_tolerance_pct=5.0, max_batch_queries=8)
-    out = run_trial(t, "local")
+    known = path_limit(server.unit_gaps(0, 600), lambda n: (10.0 + n) / 1e3, 0.050, 99.0, 8)
+    out = search_with_one_more_after_a_stall(t, lambda m: known)
     assert out.status == "ok", out.error
     m = out.metrics
-    known = path_limit(server.unit_gaps(0, 600), lambda n: (10.0 + n) / 1e3, 0.050, 99.0, 8)
     found = m["server/rate_qps"]
     print({"found": found, "known": known, "per_call": m["server/queries_per_call"],
            "probes": json.loads(m["server/search"])})
