@@ -18,13 +18,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from mlflow.tracking import MlflowClient  # the dev extra installs mlflow-skinny
 
 from raybench import sweep, tracking
 from tests.conftest import ROOT, TINY_SWEEP
 from tests.integration.ray_nodes import free_port
-
-mlflow = pytest.importorskip("mlflow", reason="the dev extra installs mlflow-skinny")
-from mlflow.tracking import MlflowClient  # noqa: E402
 
 BIN = Path(sys.executable).parent
 
