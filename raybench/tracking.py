@@ -130,14 +130,10 @@ class Tracker:
                       # where this trial's report is once the sweep ends
                       "raybench.report": f"runs:/{self.sweep_run}/report.html"})
             rid = run.info.run_id
-            entries = ([Param(k, v) for k, v in params.items()]
-                       + [Metric(k, v, end, 0) for k, v in metrics.items()]
-                       + [RunTag(k, v) for k, v in tags.items()])
-            for chunk in _batches(entries):
-                self.client.log_batch(
-                    rid, params=[e for e in chunk if isinstance(e, Param)],
-                    metrics=[e for e in chunk if isinstance(e, Metric)],
-                    tags=[e for e in chunk if isinstance(e, RunTag)])
+            for batch in _batches([Param(k, v) for k, v in params.items()],
+                                  [Metric(k, v, end, 0) for k, v in metrics.items()],
+                                  [RunTag(k, v) for k, v in tags.items()]):
+                self.client.log_batch(rid, **batch)
             self.client.log_artifact(rid, str(trial_file))
             self.client.set_terminated(rid, "FINISHED" if row["status"] == "ok" else "FAILED",
                                        end_time=end)
@@ -195,16 +191,15 @@ class Tracker:
             self.sweep_run = None
 
 
-def _batches(entries: list) -> Iterator[list]:
-    chunk: list = []
-    for e in entries:
-        params = sum(type(x).__name__ == "Param" for x in chunk)
-        if len(chunk) == BATCH_ALL or (type(e).__name__ == "Param" and params == BATCH_PARAMS):
-            yield chunk
-            chunk = []
-        chunk.append(e)
-    if chunk:
-        yield chunk
+def _batches(params: list, metrics: list, tags: list) -> Iterator[dict[str, list]]:
+    """log_batch calls within MLflow's limits: the parameters 100 a call, then metrics and
+    tags 1000 a call."""
+    for i in range(0, len(params), BATCH_PARAMS):
+        yield {"params": params[i:i + BATCH_PARAMS]}
+    rest = len(metrics) + len(tags)
+    for i in range(0, rest, BATCH_ALL):
+        yield {"metrics": metrics[i:i + BATCH_ALL],
+               "tags": tags[max(0, i - len(metrics)):max(0, i + BATCH_ALL - len(metrics))]}
 
 
 @contextlib.contextmanager

@@ -153,13 +153,16 @@ def test_split_puts_config_figures_and_fields_where_mlflow_wants_them():
 
 
 def test_batches_keep_mlflows_per_call_limits():
-    from mlflow.entities import Metric, Param
+    from mlflow.entities import Metric, Param, RunTag
 
-    entries = [Param(f"p{i}", "v") for i in range(250)] + [
-        Metric(f"m{i}", 1.0, 0, 0) for i in range(1500)]
-    chunks = list(tracking._batches(entries))
-    assert sum(len(c) for c in chunks) == len(entries)
-    assert all(len(c) <= 1000 and sum(isinstance(e, Param) for e in c) <= 100 for c in chunks)
+    params = [Param(f"p{i}", "v") for i in range(250)]
+    metrics = [Metric(f"m{i}", 1.0, 0, 0) for i in range(1500)]
+    tags = [RunTag(f"t{i}", "v") for i in range(700)]
+    calls = list(tracking._batches(params, metrics, tags))
+    sent = [e for c in calls for part in c.values() for e in part]
+    assert sent == params + metrics + tags  # everything, once, in order
+    assert all(sum(map(len, c.values())) <= 1000 and len(c.get("params", [])) <= 100
+               for c in calls)
 
 
 def test_a_server_failing_mid_sweep_costs_the_tracking_not_the_sweep(server, tmp_path,

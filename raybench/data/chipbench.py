@@ -70,16 +70,17 @@ def copy_limit(scenes: Path, out: Path, chip: int = 800) -> dict[str, Any]:
         srcs = [rasterio.open(scene / x3.CHANNEL_FILES[ch]) for ch in CHANNELS]
         try:
             rows, cols = srcs[0].height, srcs[0].width
-            for src in srcs:
-                if (src.height, src.width) != (rows, cols):
+            fine = [(src.height, src.width) == (rows, cols) for src in srcs]
+            for src, is_fine in zip(srcs, fine, strict=True):
+                if not is_fine:
                     src.read(1)  # a coarse band: its bytes are read, once
             folder = out / scene.name
             folder.mkdir(parents=True, exist_ok=True)
             buf = np.zeros((len(CHANNELS), chip, chip), dtype=np.float32)
             for i in range(-(-rows // chip)):
                 h = min(chip, rows - i * chip)
-                strip = [src.read(1, window=Window(0, i * chip, cols, h)) if
-                         (src.height, src.width) == (rows, cols) else None for src in srcs]
+                strip = [src.read(1, window=Window(0, i * chip, cols, h)) if is_fine else None
+                         for src, is_fine in zip(srcs, fine, strict=True)]
                 for j in range(-(-cols // chip)):
                     w = min(chip, cols - j * chip)
                     for c, band in enumerate(strip):
