@@ -113,6 +113,9 @@ def test_the_timed_step_is_the_collectives_alone(tmp_path):
     # only the two all-reduces: nothing else runs inside the timing
     assert r["ops"] and all(op.startswith("c10d.allreduce_") for op in r["ops"]), r["ops"]
     assert len(r["ops"]) == 2
-    # and the time per operation is dist.all_reduce's own, timed independently
-    # (medians of 12 operations of ~7 ms on 2 cores: 1.25 was exceeded once at 1.251)
-    assert 0.8 < r["ours"] / r["alone"] < 1.4, r
+    # and the time per operation is dist.all_reduce's own, timed independently. The bounds
+    # catch real faults, not noise: timing more than the collectives (or a sync per op) lands
+    # well above 1.4, timing only the launch of an op that has not finished well below 0.5.
+    # Medians of 12 operations of ~7 ms on 2 cores move either way: 1.251 seen here, 0.795 in
+    # CI (2026-11-24, the plain all-reduce the slower one).
+    assert 0.5 < r["ours"] / r["alone"] < 1.4, r
