@@ -31,6 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     over.add_argument("sweep", nargs="?", default="sweeps/overhead_cpu.yaml")
     over.add_argument("--set", action="append", default=[], metavar="dotted.key=value")
     over.add_argument("--rounds", type=int, default=3, help="alternating rounds of each side")
+    over.add_argument("--trials-per-round", type=int, default=1, metavar="N",
+                      help="each raybench round a sweep of N copies of the trial (with "
+                      "--set execution.isolation=worker they share a worker group)")
     fwd = sub.add_parser("forward-check",
                          help="vit_tiles forward time vs torch.utils.benchmark.Timer")
     fwd.add_argument("sweep")
@@ -78,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "overhead":
         from raybench.harness import overhead
 
-        print(json.dumps({"raybench_overhead": overhead(spec, trials[0], args.rounds)}))
+        print(json.dumps({"raybench_overhead": overhead(spec, trials[0], args.rounds,
+                                                           args.trials_per_round)}))
         return 0
     raise AssertionError(f"unhandled command {args.cmd}")  # argparse allows no other
 

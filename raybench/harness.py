@@ -8,6 +8,7 @@ Only the `resnet` workload has a bare twin; that is the workload the tax is quot
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import statistics
 import tempfile
@@ -63,82 +64,108 @@ def bare_loop(trial: TrialSpec) -> float:
     return m.measure_steps * p.batch_size / (time.perf_counter() - start)
 
 
-def overhead(spec: SweepSpec, trial: TrialSpec, rounds: int) -> dict[str, Any]:
-    """Bare loop without Ray, then bare and raybench alternately with Ray up; medians of each."""
+def overhead(spec: SweepSpec, trial: TrialSpec, rounds: int,
+             per_round: int = 1) -> dict[str, Any]:
+    """Bare loop without Ray, then bare and raybench alternately with Ray up; medians of each.
+
+    Each raybench round is a sweep of `per_round` copies of the trial (seeds differ, cost does
+    not): with `execution.isolation: worker` they share a worker group, and the figures say
+    what the first trial costs (the group's start-up), what each one after it costs, and the
+    sweep's time outside its measured windows per trial."""
     from raybench import cluster, runners
     from raybench.sweep import run_sweep
 
+    copies = [trial] if per_round == 1 else [
+        dataclasses.replace(trial, index=i, key=f"{trial.key}-{i}", workload=trial.workload
+                            .model_copy(update={"seed": trial.workload.seed + i}))
+        for i in range(per_round)]
     # Ray's daemons take CPU even when idle, which matters on small machines: measure the bare
     # loop once with no Ray at all, then alternate bare and raybench with Ray up.
     no_ray = [bare_loop(trial) for _ in range(rounds)]
     started = cluster.connect(None)  # one Ray for all rounds: its start-up is not per trial
     bare, ray_thr, trial_wall, fixed, measured = [], [], [], [], []
+    first, later = [], []
     phases: dict[str, list[float]] = {}
     try:
         for i in range(rounds):
             bare.append(bare_loop(trial))
             with tempfile.TemporaryDirectory() as tmp:
                 t0 = time.monotonic()
-                run_sweep(spec, [trial], Path(tmp), runners.make("ray", spec, Path(tmp)))
+                run_sweep(spec, copies, Path(tmp), runners.make("ray", spec, Path(tmp)))
                 sweep_s = time.monotonic() - t0
-                row = _only_row(Path(tmp))
-            ray_thr.append(row["train/samples_per_s"])
-            wall = _seconds(row["start_time"], row["end_time"])
+                rows = _ok_rows(Path(tmp), per_round)
+            window = sum(r["train/measured_s"] for r in rows)
+            ray_thr.append(statistics.median(r["train/samples_per_s"] for r in rows))
             trial_wall.append(sweep_s)
-            measured.append(row["train/measured_s"])
-            fixed.append(sweep_s - row["train/measured_s"])
-            for name, value in breakdown(row, sweep_s).items():
+            measured.append(window)
+            fixed.append((sweep_s - window) / per_round)
+            first.append(float(rows[0]["overhead/fixed_s"]))
+            later += [float(r["overhead/fixed_s"]) for r in rows[1:]]
+            for name, value in breakdown(rows, sweep_s).items():
                 phases.setdefault(name, []).append(value)
-            log.info("round %d: bare %.1f, raybench %.1f samples/s; trial %.1f s (driver "
-                     "%.1f s), measured window %.2f s", i, bare[-1], ray_thr[-1], sweep_s, wall,
-                     row["train/measured_s"])
+            log.info("round %d: bare %.1f, raybench %.1f samples/s; sweep of %d trial(s) %.1f "
+                     "s, measured windows %.2f s, %.2f s per trial outside them", i, bare[-1],
+                     ray_thr[-1], per_round, sweep_s, window, fixed[-1])
     finally:
         if started:
             import ray
 
             ray.shutdown()
     ratio = statistics.median(ray_thr) / statistics.median(bare)
-    return {
+    out = {
         "config": trial.overrides or trial.config(), "rounds": rounds,
+        "trials_per_round": per_round, "isolation": spec.execution.isolation,
         "bare_no_ray_samples_per_s": no_ray,
         "bare_samples_per_s": bare, "raybench_samples_per_s": ray_thr,
         "throughput_ratio": ratio,
         "throughput_ratio_vs_no_ray": statistics.median(ray_thr) / statistics.median(no_ray),
-        "trial_wall_s": trial_wall, "measured_window_s": measured,
+        "sweep_wall_s": trial_wall, "measured_window_s": measured,
+        # the sweep's time outside its measured windows, per trial
         "fixed_overhead_s_median": statistics.median(fixed),
         "fixed_cost_breakdown_s_median": {k: round(statistics.median(v), 3)
                                           for k, v in phases.items()},
     }
-
-
-def breakdown(row: dict[str, Any], sweep_s: float) -> dict[str, float]:
-    """One single-trial sweep's time outside the measured window, by phase (seconds): the
-    trial's own phases from its row (`overhead/*`, metrics.overhead.fixed_cost) and
-    `sweep_loop`, what the sweep spent around the trial (Tune's start and end, the run files,
-    the report)."""
-    from raybench.metrics.overhead import TRAIN_START_PARTS
-
-    out = {k.split("/", 1)[1].removesuffix("_s"): float(v) for k, v in row.items()
-           if k.startswith("overhead/") and k != "overhead/fixed_s" and v == v
-           and k not in TRAIN_START_PARTS}
-    driver = _seconds(row["start_time"], row["end_time"]) + out.get("report", 0.0)
-    out["sweep_loop"] = sweep_s - driver
-    # what no stamp brackets (a rank's way from its record to its exit, clock steps)
-    out["other"] = sweep_s - row["train/measured_s"] - sum(out.values())
-    # train_start's parts, shown beside it (not added again)
-    for k in TRAIN_START_PARTS:
-        if k in row and row[k] == row[k]:
-            out["train_start." + k.split("/", 1)[1].removesuffix("_s")] = float(row[k])
+    if per_round > 1:  # each row's own fixed cost: the group's first trial, the ones after it
+        out["first_trial_fixed_s_median"] = statistics.median(first)
+        out["next_trials_fixed_s_median"] = statistics.median(later)
     return out
 
 
-def _only_row(out: Path) -> dict[str, Any]:
+def breakdown(rows: list[dict[str, Any]], sweep_s: float) -> dict[str, float]:
+    """One sweep's time outside its measured windows, by phase, per trial (seconds): the
+    trials' own phases from their rows (`overhead/*`, metrics.overhead.fixed_cost) and
+    `sweep_loop`, what the sweep spent around its trials (Tune's start and end, the run files,
+    the report)."""
+    from raybench.metrics.overhead import TRAIN_START_PARTS
+
+    n = len(rows)
+    out: dict[str, float] = {}
+    for row in rows:
+        for k, v in row.items():
+            if (k.startswith("overhead/") and k != "overhead/fixed_s" and v == v
+                    and v is not None and k not in TRAIN_START_PARTS):
+                name = k.split("/", 1)[1].removesuffix("_s")
+                out[name] = out.get(name, 0.0) + float(v) / n
+    driver = sum(_seconds(r["start_time"], r["end_time"])
+                 + (r.get("overhead/report_s") or 0.0) for r in rows)
+    out["sweep_loop"] = (sweep_s - driver) / n
+    # what no stamp brackets (a rank's way from its record to its exit, clock steps)
+    out["other"] = (sweep_s - sum(r["train/measured_s"] for r in rows)) / n - sum(out.values())
+    # train_start's parts, shown beside it (not added again)
+    for k in TRAIN_START_PARTS:
+        values = [float(r[k]) for r in rows if k in r and r[k] == r[k] and r[k] is not None]
+        if values:
+            out["train_start." + k.split("/", 1)[1].removesuffix("_s")] = sum(values) / n
+    return out
+
+
+def _ok_rows(out: Path, n: int) -> list[dict[str, Any]]:
     import pandas as pd
 
     rows = pd.read_parquet(out / "results.parquet").to_dict("records")
-    if len(rows) != 1 or rows[0]["status"] != "ok":
-        raise RuntimeError(f"raybench trial did not succeed: {rows}")
-    return rows[0]
+    if len(rows) != n or any(r["status"] != "ok" for r in rows):
+        raise RuntimeError(f"raybench trials did not all succeed: {rows}")
+    return sorted(rows, key=lambda r: r["trial_index"])
 
 
 def _seconds(start: str, end: str) -> float:

@@ -127,6 +127,36 @@ def concurrency_limit(trials: list[TrialSpec], nodes: list[dict[str, float]],
             f"{_shape(nodes)}")
 
 
+def worker_groups(trials: list[TrialSpec], strategies: dict[str, str], isolation: str,
+                  limit: int) -> list[list[int]]:
+    """Which trials share a worker group, as positions in `trials`, each group in grid order.
+
+    `process`: every trial alone. `worker`: trials of one shape (workers, resources per
+    worker, placement strategy, hardware.env: what a worker group is started with) share a
+    group; where `limit` trials may run at once, a shape's trials are dealt over up to `limit`
+    groups so the sweep stays as parallel as before. A trial that keeps a checkpoint runs alone:
+    Ray Train hands back one checkpoint per run."""
+    from raybench import workloads
+
+    if isolation == "process":
+        return [[i] for i in range(len(trials))]
+    shapes: dict[tuple, list[int]] = {}
+    alone = []
+    for i, t in enumerate(trials):
+        if workloads.get(t.workload_name).saves_checkpoint(t.workload):
+            alone.append([i])
+            continue
+        res = t.resources()
+        shape = (res["workers"], tuple(sorted(res["per_worker"].items())), strategies[t.key],
+                 tuple(sorted(t.hardware.env.items())))
+        shapes.setdefault(shape, []).append(i)
+    out = []
+    for members in shapes.values():
+        n = min(limit, len(members))
+        out += [members[k::n] for k in range(n)]
+    return sorted(out + alone)
+
+
 def _slots(node: dict[str, float], per_worker: dict[str, float]) -> int:
     """Workers of this shape one node holds."""
     return min(int(node.get(k, 0.0) // v + 1e-9) for k, v in per_worker.items() if v > 0)

@@ -150,6 +150,13 @@ class ExecutionSpec(Strict):
     trial_timeout_s: float | None = Field(
         None, gt=0, description="wall-clock limit per trial attempt, from its workers' start: "
         "a trial past it ends as status=timeout (default: none)")
+    isolation: Literal["process", "worker"] = Field(
+        "process", description="process: every trial on fresh worker processes (a Ray Train "
+        "worker group of its own); worker: trials of the same shape (workers, resources, "
+        "placement, hardware.env) run one after another on one worker group, each with a fresh "
+        "model and data, memory peaks and allocator caches reset, saving the group's start-up "
+        "(seconds per trial); a trial that fails ends its group and the next starts fresh. "
+        "Trials that keep a checkpoint always run alone. The row says which (trial/isolation)")
 
 
 class MlflowSpec(Strict):

@@ -10,12 +10,15 @@ Tune grid (sweep.py) or the timed loop (worker.py).
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import json
 import logging
 import os
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +51,10 @@ IMPORTED_AT = time.time()
 declare(
     Metric("trial/retries", "count", "attempts lost to a dead worker and retried"),
     Metric("trial/retry_reasons", "text", "why each lost attempt ended"),
+    Metric("trial/isolation", "text", "execution.isolation: process (fresh workers per trial) "
+           "or worker (a worker group shared by trials of one shape)"),
+    Metric("trial/group_position", "count", "trials the worker group ran before this one "
+           "(0: this trial started its workers and carries their start-up)"),
     Metric("cluster/placement_strategy", "text", "the worker group's placement strategy"),
     Metric("cluster/concurrency", "text", "execution.concurrency"),
     Metric("train/checkpoint", "text", "where Ray Train kept rank 0's checkpoint"),
@@ -61,17 +68,92 @@ TRAIN_ENV = {
 
 
 def train_loop(config: dict[str, Any]) -> list[RankRecord] | None:
-    """Runs on every Ray Train worker; rank 0's return value carries all ranks' records."""
+    """Runs on every Ray Train worker: the trials of its worker group one after another (one
+    trial under process isolation). With one trial, rank 0's return value carries all ranks'
+    records; with several, rank 0 hands each trial's records to the Tune trial through
+    `config["queue"]` as the trial ends (a "start" message before it), and the next trial
+    builds everything afresh in the same processes."""
     entry = time.time()
-    trial: TrialSpec = config["trial"]  # validated once, at expansion; pickled, not re-read
+    trials: list[TrialSpec] = config["trials"]  # validated once, at expansion; pickled
+    queue = config.get("queue")
     if config.get("cwd") and os.path.isdir(config["cwd"]):
         # relative paths in a sweep (data, chip caches) mean the sweep's directory, not the
         # trial directory Tune may have moved this process tree into
         os.chdir(config["cwd"])
+    records = None
+    for n, trial in enumerate(trials):
+        start = entry if n == 0 else time.time()
+        stamps = ({"process_start": process_start(), "imported": IMPORTED_AT,
+                   "loop_entry": entry} if n == 0 else {"loop_entry": start})
+        ctx = _context(trial, config, stamps)
+        if queue is not None and ctx.rank == 0:
+            queue.put(("start", n, start))
+        watchdog = _watchdog(config.get("timeout_s"))  # per trial, from its start
+        try:
+            records = run_worker(trial, ctx)
+        finally:
+            if watchdog:
+                watchdog.cancel()
+        if workloads.get(trial.workload_name).saves_checkpoint(trial.workload):
+            # (such a trial always runs alone: plan.worker_groups) Every rank reports exactly
+            # once (a rank that skipped it would hang the group), after the timed run; rank 0
+            # hands over the best epoch's weights as a Ray Train checkpoint.
+            folder = Path(ctx.artifact_dir or "") / "checkpoint"
+            keep = ctx.rank == 0 and ctx.artifact_dir is not None and folder.is_dir()
+            ray.train.report({"checkpointed": keep},
+                             checkpoint=ray.train.Checkpoint.from_directory(str(folder))
+                             if keep else None)
+        if records:  # rank 0: when its part ended, for the teardown that follows
+            records[0].stamps["loop_exit"] = time.time()
+        if queue is not None:
+            if records:
+                queue.put(("done", n, records))
+                if n + 1 < len(trials):
+                    _wait_for_row(config["handoff"], config["positions"][n])
+            records = None
+            _release(ctx)
+    return records
+
+
+@ray.remote(num_cpus=0)
+class Handoff:
+    """The driver's word that a trial's row is on disk (sweep positions of the trials).
+
+    A worker group's next trial waits for it: writing a row (table, trial file, the history
+    table, which grows with every sweep) takes the driver's CPU, and on a small machine that
+    would land inside the next trial's measured window. Under process isolation the next
+    trial's start-up covers it."""
+
+    def __init__(self) -> None:
+        self._written: dict[int, asyncio.Event] = {}
+
+    def _event(self, position: int) -> asyncio.Event:
+        return self._written.setdefault(position, asyncio.Event())
+
+    async def written(self, position: int) -> None:
+        self._event(position).set()
+
+    async def wait(self, position: int) -> None:
+        await self._event(position).wait()
+
+
+ROW_WAIT_S = 120.0  # past this the driver is stuck elsewhere; the group goes on regardless
+
+
+def _wait_for_row(handoff: Any, position: int) -> None:
+    try:
+        ray.get(handoff.wait.remote(position), timeout=ROW_WAIT_S)
+    except ray.exceptions.GetTimeoutError:
+        log.warning("no word from the driver %g s after trial %d ended; going on",
+                    ROW_WAIT_S, position)
+
+
+def _context(trial: TrialSpec, config: dict[str, Any], stamps: dict[str, float]
+             ) -> WorkerContext:
     tctx = ray.train.get_context()
     rt = ray.get_runtime_context()
     logical = config.get("logical_gpus", False)
-    ctx = WorkerContext(
+    return WorkerContext(
         rank=tctx.get_world_rank(), local_rank=tctx.get_local_rank(),
         world_size=tctx.get_world_size(), node_rank=tctx.get_node_rank(),
         device=torch.device("cpu") if logical else ray.train.torch.get_device(),
@@ -80,25 +162,19 @@ def train_loop(config: dict[str, Any]) -> list[RankRecord] | None:
         accelerator_ids=[str(g) for g in rt.get_accelerator_ids().get("GPU", [])],
         trace_path=trace_path(config["trace_dir"], trial),
         artifact_dir=artifact_dir(config["trace_dir"], trial),
-        stamps={"process_start": process_start(), "imported": IMPORTED_AT, "loop_entry": entry},
+        stamps=stamps,
     )
-    watchdog = _watchdog(config.get("timeout_s"))
-    try:
-        records = run_worker(trial, ctx)
-    finally:
-        if watchdog:
-            watchdog.cancel()
-    if workloads.get(trial.workload_name).saves_checkpoint(trial.workload):
-        # Every rank reports exactly once (a rank that skipped it would hang the group), after
-        # the timed run; rank 0 hands over the best epoch's weights as a Ray Train checkpoint.
-        folder = Path(ctx.artifact_dir or "") / "checkpoint"
-        keep = ctx.rank == 0 and ctx.artifact_dir is not None and folder.is_dir()
-        ray.train.report({"checkpointed": keep},
-                         checkpoint=ray.train.Checkpoint.from_directory(str(folder)) if keep
-                         else None)
-    if records:  # rank 0: when its part ended, for the teardown that follows
-        records[0].stamps["loop_exit"] = time.time()
-    return records
+
+
+def _release(ctx: WorkerContext) -> None:
+    """Between two trials in one process: nothing of the last one may stay behind. Its
+    workload was local to the timed loop; collect what cycles kept, give cached CUDA blocks
+    back (the next trial resets its peaks on an empty cache), drop compiled graphs."""
+    gc.collect()
+    if ctx.is_cuda:
+        torch.cuda.empty_cache()
+    if "torch._dynamo" in sys.modules:
+        torch._dynamo.reset()
 
 
 def _watchdog(limit_s: float | None) -> threading.Timer | None:
@@ -120,10 +196,12 @@ def _watchdog(limit_s: float | None) -> threading.Timer | None:
     return timer
 
 
-def tune_entry(config: dict[str, Any], trials: list[TrialSpec], storage: str,
-               trials_dir: str, execution: ExecutionSpec, cwd: str,
-               strategies: dict[str, str]) -> None:
-    """One Tune function trial: run its TrialSpec and report the outcome to the driver.
+def tune_entry(config: dict[str, Any], trials: list[TrialSpec], groups: list[list[int]],
+               storage: str, trials_dir: str, execution: ExecutionSpec, cwd: str,
+               strategies: dict[str, str], handoff: Any = None) -> None:
+    """One Tune function trial: run one worker group's trials (plan.worker_groups; one trial
+    under process isolation) and report each outcome to the driver as it ends, with the
+    trial's position in `trials`.
 
     It lives here, beside the trial it runs, not beside the Tune grid (runners/on_ray.py):
     Tune's trial process imports the module of its function, and this one holds only what a
@@ -131,11 +209,20 @@ def tune_entry(config: dict[str, Any], trials: list[TrialSpec], storage: str,
     from ray import tune
 
     entry, start = time.time(), now()
-    trial = trials[config["trial"]]
-    outcome = run_trial(trial, storage, trials_dir, execution, cwd, strategies[trial.key],
-                        trial_start=entry)
-    outcome.start_time, outcome.end_time = start, now()
-    tune.report({"raybench_outcome": json.dumps(outcome.to_dict())})
+    members = groups[config["group"]]
+    group = [trials[i] for i in members]
+    strategy = strategies[group[0].key]
+    if len(group) == 1:
+        outcomes = [(0, run_trial(group[0], storage, trials_dir, execution, cwd, strategy,
+                                  trial_start=entry))]
+    else:
+        outcomes = run_group(group, storage, trials_dir, execution, cwd, strategy, entry,
+                             handoff, members)
+    for n, outcome in outcomes:
+        outcome.start_time, outcome.end_time = start, now()
+        start = outcome.end_time  # the next trial's time begins where this one's ends
+        tune.report({"raybench_trial": members[n],
+                     "raybench_outcome": json.dumps(outcome.to_dict())})
 
 
 def _worker_env(trial: TrialSpec, execution: ExecutionSpec) -> dict[str, str]:
@@ -154,51 +241,171 @@ def run_trial(trial: TrialSpec, storage: str, trials_dir: str, execution: Execut
     lost: list[str] = []
     while True:
         start = time.monotonic()
-        out = _attempt(trial, storage, trials_dir, execution, cwd, strategy, len(lost))
-        elapsed = time.monotonic() - start
-        limit = execution.trial_timeout_s
-        if out.status in ("lost", "error") and limit and elapsed >= limit:
-            out = TrialOutcome.failed(
-                "timeout", f"ran past execution.trial_timeout_s={limit:g} s (stopped after "
-                f"{elapsed:.0f} s)\n{out.error}")
+        fit_start = time.time()
+        try:
+            result = _trainer([trial], None, storage, trials_dir, execution, cwd, strategy,
+                              len(lost)).fit()
+        except Exception as e:  # a failed trial is a row, never a lost sweep
+            out = failure(e, trial.resources())
+        else:
+            out = metrics.outcome(result.return_value)
+            out.stamps = {"fit_start": fit_start, "fit_end": time.time()}
+            if out.ok and result.checkpoint is not None:
+                out.metrics["train/checkpoint"] = result.checkpoint.path
+        out = _timed_out(out, time.monotonic() - start, execution)
         if out.status == "lost" and len(lost) < execution.max_retries:
-            # two lines: a controller's error says what failed on its second
-            lost.append(" ".join((out.error or "").splitlines()[:2])[:300])
+            lost.append(_reason(out))
             log.warning("trial %d (%s) lost a worker; retry %d of %d on fresh workers",
                         trial.index, trial.key, len(lost), execution.max_retries)
             continue
         if trial_start is not None:  # a retried trial's fixed cost includes its lost attempts
             out.stamps["trial_start"] = trial_start
-        if out.ok:
-            out.metrics.update(overhead.fixed_cost(out.records, out.stamps))
-        out.metrics["trial/retries"] = len(lost)
-        if lost:
-            out.metrics["trial/retry_reasons"] = " | ".join(lost)
-        return out
+        return _finish(out, lost, strategy, execution, position=0)
 
 
-def _attempt(trial: TrialSpec, storage: str, trials_dir: str, execution: ExecutionSpec,
-              cwd: str | None, strategy: str, attempt: int) -> TrialOutcome:
-    """Fit one TorchTrainer; returns {status, error, metrics, ranks, records}, never raises.
-    `storage` is Ray Train's storage path (a local folder or a URI), `trials_dir` where rank 0
-    writes traces and artefacts (on its own node), `strategy` the placement (plan.strategy)."""
+def run_group(trials: list[TrialSpec], storage: str, trials_dir: str, execution: ExecutionSpec,
+              cwd: str | None, strategy: str, trial_start: float, handoff: Any,
+              positions: list[int]) -> Iterator[tuple[int, TrialOutcome]]:
+    """Fit one worker group for `trials` (same shape: plan.worker_groups) and yield
+    (position, outcome) as each trial ends. A trial that fails ends its group (its other ranks
+    may be waiting for it in a collective, and a process that ran out of memory or raised is
+    not one to measure in again): it becomes a row, or is retried on fresh workers when a
+    worker died (`execution.max_retries`), and the trials after it start a fresh group."""
+    from ray.util.queue import Empty, Queue
+
+    pending = list(range(len(trials)))
+    lost: dict[int, list[str]] = {}
+    begin = trial_start  # the start of the next trial's time: the last outcome's hand-over
+    attempt = 0
+    while pending:
+        # the ranks' messages come through a 0-CPU queue actor while the fit runs
+        queue = Queue(actor_options={"num_cpus": 0})
+        box: dict[str, Any] = {}
+        fit_start, mono = time.time(), time.monotonic()
+        group = [trials[i] for i in pending]
+        trainer = _trainer(group, queue, storage, trials_dir, execution, cwd, strategy, attempt,
+                           # sweep positions, for the driver's word on rows
+                           handoff=handoff, positions=[positions[i] for i in pending])
+        thread = threading.Thread(target=_fit_into, args=(trainer, box, queue), daemon=True)
+        thread.start()
+        started: dict[int, float] = {}
+        finished = 0
+        while True:
+            try:  # no polling while trials measure: the fit's end is a message too
+                kind, n, payload = queue.get(timeout=60)
+            except Empty:
+                if thread.is_alive():
+                    continue
+                break
+            if kind == "end":
+                break
+            if kind == "start":
+                started[n] = time.monotonic()
+                continue
+            end = time.time()
+            out = metrics.outcome(payload)
+            out.stamps = {"trial_start": begin, "fit_end": end}
+            if n == 0:  # the group's first trial carries its start-up
+                out.stamps["fit_start"] = fit_start
+            yield pending[n], _finish(out, lost.get(pending[n], []), strategy, execution, n)
+            begin, finished = end, n + 1
+        thread.join()
+        queue.shutdown()
+        if finished == len(pending):
+            break
+        # the group ended with trials to go: the one in flight takes the fit's error
+        i = pending[finished]
+        error = box.get("error") or RuntimeError("the worker group ended before its trials")
+        out = failure(error, trials[i].resources())
+        # the limit counts a group's first trial from the fit's start, as run_trial does
+        since = mono if finished == 0 else started.get(finished, mono)
+        out = _timed_out(out, time.monotonic() - since, execution)
+        attempt += 1
+        reasons = lost.setdefault(i, [])
+        if out.status == "lost" and len(reasons) < execution.max_retries:
+            reasons.append(_reason(out))
+            log.warning("trial %d (%s) lost a worker; retry %d of %d on a fresh worker group",
+                        trials[i].index, trials[i].key, len(reasons), execution.max_retries)
+            pending = pending[finished:]
+            continue
+        yield i, _finish(out, reasons, strategy, execution, finished)
+        begin = time.time()
+        pending = pending[finished + 1:]
+
+
+def _fit_into(trainer: TorchTrainer, box: dict[str, Any], queue: Any) -> None:
+    try:
+        box["result"] = trainer.fit()
+    except Exception as e:  # handed to the group's loop, which makes it the trial's row
+        box["error"] = e
+    finally:
+        queue.put(("end", None, None))
+
+
+def _timed_out(out: TrialOutcome, elapsed: float, execution: ExecutionSpec) -> TrialOutcome:
+    """A worker that ended (its watchdog) or failed after the trial's time limit: timeout."""
+    limit = execution.trial_timeout_s
+    if out.status in ("lost", "error") and limit and elapsed >= limit:
+        return TrialOutcome.failed(
+            "timeout", f"ran past execution.trial_timeout_s={limit:g} s (stopped after "
+            f"{elapsed:.0f} s)\n{out.error}")
+    return out
+
+
+def _reason(out: TrialOutcome) -> str:
+    # two lines: a controller's error says what failed on its second
+    return " ".join((out.error or "").splitlines()[:2])[:300]
+
+
+def _finish(out: TrialOutcome, lost: list[str], strategy: str, execution: ExecutionSpec,
+            position: int) -> TrialOutcome:
+    """The row fields every Ray Train trial carries, whatever became of it."""
+    if out.ok:
+        out.metrics.update(overhead.fixed_cost(out.records, out.stamps))
+        out.metrics["cluster/placement_strategy"] = strategy
+        out.metrics["cluster/concurrency"] = execution.concurrency
+    out.metrics["trial/isolation"] = execution.isolation
+    out.metrics["trial/group_position"] = position
+    out.metrics["trial/retries"] = len(lost)
+    if lost:
+        out.metrics["trial/retry_reasons"] = " | ".join(lost)
+    return out
+
+
+def _worker_env(trial: TrialSpec, execution: ExecutionSpec) -> dict[str, str]:
+    """The workers' environment: NCCL's debug file where ranks talk over NCCL (to read back
+    which network it chose), then the trial's own `hardware.env`, which wins."""
+    hw = trial.hardware
+    nccl = hw.use_gpu and hw.world_size > 1 and not execution.logical_gpus
+    return {**(fabric.debug_env(trial.key) if nccl else {}), **hw.env}
+
+
+def _trainer(trials: list[TrialSpec], queue: Any, storage: str, trials_dir: str,
+             execution: ExecutionSpec, cwd: str | None, strategy: str,
+             attempt: int, **config: Any) -> TorchTrainer:
+    """One TorchTrainer for `trials` (one, or a worker group's, all of one shape). `storage`
+    is Ray Train's storage path (a local folder or a URI), `trials_dir` where rank 0 writes
+    traces and artefacts (on its own node), `strategy` the placement (plan.strategy), `queue`
+    where rank 0 hands a group's outcomes over (None: one trial, through its return value)."""
     for key, value in TRAIN_ENV.items():
         os.environ.setdefault(key, value)  # a user's own setting wins
     os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = str(execution.start_timeout_s)
-    hw = trial.hardware
-    res = trial.resources()
-    per_worker = dict(res["per_worker"])
+    first = trials[0]
+    hw = first.hardware
+    per_worker = dict(first.resources()["per_worker"])
     if execution.concurrency == "per_node":
         # the workers of a trial share one node's token between them, so no other trial's
         # workers can join that node (shares rounded down: Ray counts resources in 1e-4 units)
         per_worker[NODE_TOKEN] = int(10_000 / hw.world_size) / 10_000
-    fit_start = time.time()
-    trainer = TorchTrainer(
+    name = f"trial_{first.index:04d}_{first.key}"
+    if len(trials) > 1:
+        name = f"group_{first.index:04d}_{first.key}_{len(trials)}"
+    return TorchTrainer(
         train_loop,
         # traces and artefacts land beside the trial JSONs, on rank 0's node
-        train_loop_config={"trial": trial, "trace_dir": trials_dir,
+        train_loop_config={"trials": trials, "queue": queue, "trace_dir": trials_dir,
                            "cwd": cwd, "logical_gpus": execution.logical_gpus,
-                           "timeout_s": execution.trial_timeout_s},
+                           "timeout_s": execution.trial_timeout_s, **config},
         torch_config=TorchConfig(
             backend="nccl" if hw.use_gpu and not execution.logical_gpus else "gloo"),
         scaling_config=ray.train.ScalingConfig(
@@ -207,25 +414,12 @@ def _attempt(trial: TrialSpec, storage: str, trials_dir: str, execution: Executi
         ),
         run_config=ray.train.RunConfig(
             # an attempt never finds an earlier attempt's run state under the same name
-            name=f"trial_{trial.index:04d}_{trial.key}" + (f"_retry{attempt}" if attempt else ""),
+            name=name + (f"_retry{attempt}" if attempt else ""),
             storage_path=storage,
             # A worker group that cannot be placed must fail once, not be retried forever
             # (controller_failure_limit defaults to -1 in Ray 2.60).
             failure_config=ray.train.FailureConfig(max_failures=0, controller_failure_limit=0),
             # set as the worker processes start, before CUDA or NCCL read them
-            worker_runtime_env={"env_vars": _worker_env(trial, execution)},
+            worker_runtime_env={"env_vars": _worker_env(first, execution)},
         ),
     )
-    try:
-        result = trainer.fit()
-    except Exception as e:  # a failed trial is a row, never a lost sweep
-        return failure(e, res)
-    fit_end = time.time()
-    out = metrics.outcome(result.return_value)
-    out.stamps = {"fit_start": fit_start, "fit_end": fit_end}
-    if out.ok:
-        out.metrics["cluster/placement_strategy"] = strategy
-        out.metrics["cluster/concurrency"] = execution.concurrency
-        if result.checkpoint is not None:
-            out.metrics["train/checkpoint"] = result.checkpoint.path
-    return out

@@ -125,3 +125,30 @@ def test_fixed_cost_phases_from_the_runner_and_rank_stamps():
     assert m["overhead/teardown_s"] == pytest.approx(0.6)
     assert m["overhead/fixed_s"] == pytest.approx(114.0 - 100.0 - 1.0)
     assert fixed_cost([record(0, 0.1)], stamps) == {}  # records without stamps: no breakdown
+
+    # a worker group's later trial: no workers started for it, its time runs from the last
+    # trial's hand-over to its own
+    later = fixed_cost(recs, {"trial_start": 109.0, "fit_end": 114.0})
+    assert "overhead/train_start_s" not in later and "overhead/trial_start_s" not in later
+    assert later["overhead/fixed_s"] == pytest.approx(114.0 - 109.0 - 1.0)
+    assert later["overhead/teardown_s"] == pytest.approx(0.6)
+
+
+def test_bench_overhead_breakdown_adds_up_per_trial():
+    from raybench.harness import breakdown
+
+    def row(start, end, measured, **phases):
+        return {"start_time": f"2026-01-01T00:00:{start:06.3f}+00:00",
+                "end_time": f"2026-01-01T00:00:{end:06.3f}+00:00", "train/measured_s": measured,
+                "overhead/report_s": 0.1, **{f"overhead/{k}_s": v for k, v in phases.items()}}
+
+    # a group of two: the first starts the workers, the second follows at once; the sweep's
+    # own time around them (Tune, files, report) is 4 s
+    rows = [row(10.0, 30.0, 2.0, train_start=15.0, worker_launch=7.0, setup=1.0, fixed=18.0),
+            row(30.0, 34.0, 2.5, setup=1.0, fixed=1.5)]
+    b = breakdown(rows, 28.2)
+    assert b["sweep_loop"] == pytest.approx((28.2 - 24.2) / 2)
+    assert b["train_start"] == pytest.approx(7.5) and b["setup"] == pytest.approx(1.0)
+    assert b["train_start.worker_launch"] == pytest.approx(3.5)  # beside, not in the sum
+    parts = sum(v for k, v in b.items() if "." not in k)
+    assert parts == pytest.approx((28.2 - 4.5) / 2)  # the sweep outside its windows, per trial

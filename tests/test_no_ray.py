@@ -14,7 +14,8 @@ def test_bench_runs_without_ray(tmp_path):
         "import sys; sys.modules['ray'] = None\n"  # any `import ray` now raises ImportError
         "from raybench.bench import main\n"
         f"sys.exit(main(['run', 'sweeps/local_cpu.yaml', '--trials', '0', '--jsonl', '--output', "
-        f"r'{tmp_path}', '--set', 'measure.measure_steps=2', '--set', 'measure.warmup_steps=1']))\n"
+        f"r'{tmp_path}', '--set', 'measure.measure_steps=2', '--set', 'measure.warmup_steps=1', '--set', "
+        f"'measure.repeats=1']))\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                           timeout=300)

@@ -66,3 +66,44 @@ def test_publish_copies_the_run_directory(tmp_path):
     assert not (copied / "ray").exists()
     assert publish(out, str(tmp_path / "plain"), "sweep").endswith("plain/sweep/run1")
     assert (tmp_path / "plain" / "sweep" / "run1" / "results.parquet").is_file()
+
+
+def test_worker_groups_share_workers_by_shape_only(write_sweep):
+    from raybench.plan import worker_groups
+
+    spec = load_sweep(write_sweep("""
+        name: g
+        system: {label: s}
+        workload: {name: resnet, depth: 18, image_size: 32, batch_size: 4}
+        hardware: {num_gpus: 0, cpu_workers: 1}
+        grid: {cpu_workers: [1, 2], batch_size: [4, 8, 16]}
+        """))
+    ts = expand(spec)
+    shape = {i: t.hardware.cpu_workers for i, t in enumerate(ts)}
+    strategies = {t.key: "PACK" for t in ts}
+    # process isolation: every trial starts its own workers
+    assert worker_groups(ts, strategies, "process", 1) == [[i] for i in range(len(ts))]
+    # worker: one group per shape, grid order kept inside it
+    groups = worker_groups(ts, strategies, "worker", 1)
+    assert sorted(i for g in groups for i in g) == list(range(len(ts)))
+    assert len(groups) == 2
+    for g in groups:
+        assert g == sorted(g) and len({shape[i] for i in g}) == 1
+    # room for two trials at once: each shape dealt over two groups
+    assert sorted(map(len, worker_groups(ts, strategies, "worker", 2))) == [1, 1, 2, 2]
+    # a different placement or environment is a different worker group
+    strategies[ts[0].key] = "SPREAD"
+    assert [0] in worker_groups(ts, strategies, "worker", 1)
+    env = expand(load_sweep(spec.source, ["grid={env.X: [a, b]}"]))
+    assert len(worker_groups(env, {t.key: "PACK" for t in env}, "worker", 1)) == 2
+
+
+def test_a_trial_that_keeps_a_checkpoint_runs_alone(write_sweep):
+    from raybench.plan import worker_groups
+    from tests.conftest import ROOT
+
+    ts = expand(load_sweep(ROOT / "sweeps" / "xview3_cpu.yaml",
+                           ["workload.save_checkpoints=true", "grid={batch_size: [2, 4]}"]))
+    assert worker_groups(ts, {t.key: "PACK" for t in ts}, "worker", 1) == [[0], [1]]
+    ts = expand(load_sweep(ROOT / "sweeps" / "xview3_cpu.yaml", ["grid={batch_size: [2, 4]}"]))
+    assert worker_groups(ts, {t.key: "PACK" for t in ts}, "worker", 1) == [[0, 1]]

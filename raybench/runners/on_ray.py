@@ -117,31 +117,44 @@ def _tune(spec, trials: list[TrialSpec], out: Path, done: Done, name: str,
     log.info("concurrency %s", why)
     strategies = {t.key: plan.strategy(t, nodes, execution.placement, execution.concurrency)
                   for t in trials}
+    # one Tune trial per worker group: each trial alone, or (isolation: worker) the trials
+    # of one shape on one group of workers, one after another
+    groups = plan.worker_groups(trials, strategies, execution.isolation, limit)
+    handoff = None
+    if len(groups) < len(trials):
+        from raybench.trial import Handoff
+
+        log.info("isolation worker: %d trials on %d worker groups", len(trials), len(groups))
+        handoff = Handoff.remote()  # a group's next trial waits until this one's row is written
 
     reported: set[int] = set()
 
     class Writer(tune.Callback):
         def on_trial_result(self, iteration, trials, trial, result, **info):
-            reported.add(trial.config["trial"])
+            i = result["raybench_trial"]
+            reported.add(i)
             outcome = TrialOutcome.from_dict(json.loads(result["raybench_outcome"]))
             if "fit_end" in outcome.stamps:  # Tune's report reaching the driver, with its row
                 outcome.metrics["overhead/report_s"] = time.time() - outcome.stamps["fit_end"]
-            done(by_index[trial.config["trial"]], outcome)
+            done(by_index[i], outcome)
+            if handoff is not None:
+                handoff.written.remote(i)
 
         def on_trial_error(self, iteration, trials, trial, **info):
-            if trial.config["trial"] not in reported:
-                done(by_index[trial.config["trial"]], TrialOutcome.failed(
-                    "error", f"Tune trial failed: {_read(trial.error_file)}"))
+            for i in groups[trial.config["group"]]:
+                if i not in reported:
+                    done(by_index[i], TrialOutcome.failed(
+                        "error", f"Tune trial failed: {_read(trial.error_file)}"))
 
     by_index = {i: t for i, t in enumerate(trials)}
     tuner = tune.Tuner(
         tune.with_resources(
-            tune.with_parameters(tune_entry, trials=list(trials),
+            tune.with_parameters(tune_entry, trials=list(trials), groups=groups,
                                  storage=storage, trials_dir=trials_dir, execution=execution,
-                                 cwd=cwd, strategies=strategies),
+                                 cwd=cwd, strategies=strategies, handoff=handoff),
             {"cpu": 0.01},  # the trainer's workers hold the real resources; {"cpu": 0} is rejected
         ),
-        param_space={"trial": tune.grid_search(list(by_index))},
+        param_space={"group": tune.grid_search(list(range(len(groups))))},
         tune_config=tune.TuneConfig(max_concurrent_trials=limit, reuse_actors=False),
         run_config=tune.RunConfig(
             name=name, storage_path=storage, verbose=0, callbacks=[Writer()],

@@ -108,6 +108,7 @@ def test_job_submit_runs_the_local_sweep_watched_by_the_dashboard(tmp_path):
                "--", "python", "-m", "raybench.sweep",
                "sweeps/local_cpu.yaml", "--output", str(out),
                "--set", "measure.measure_steps=4", "--set", "measure.warmup_steps=1",
+               "--set", "measure.repeats=1",
                # 1 of its 4 trials: the job path is the test
                "--set", "grid={batch_size: [8], cpu_workers: [1]}"]
         proc = subprocess.run(cmd, cwd=ROOT, env=cluster.env, capture_output=True, text=True,

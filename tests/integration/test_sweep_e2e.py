@@ -18,7 +18,8 @@ pytestmark = pytest.mark.ray
 
 # The local sweep, shortened: fewer steps, and only batch 8 of its batch axis (2 trials: 1 and
 # 2 ranks; each trial costs CI about 20 s).
-QUICK = ["--set", "measure.measure_steps=4", "--set", "measure.warmup_steps=1"]
+QUICK = ["--set", "measure.measure_steps=4", "--set", "measure.warmup_steps=1", "--set",
+         "measure.repeats=1"]
 TWO = ["--set", "grid.batch_size=[8]"]
 
 

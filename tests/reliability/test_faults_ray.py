@@ -22,7 +22,8 @@ from tests.integration.ray_nodes import LocalCluster
 
 pytestmark = pytest.mark.ray
 
-QUICK = ["--set", "measure.measure_steps=4", "--set", "measure.warmup_steps=1"]
+QUICK = ["--set", "measure.measure_steps=4", "--set", "measure.warmup_steps=1", "--set",
+         "measure.repeats=1"]
 
 
 def sweep_cmd(out: Path, *extra: str) -> list[str]:
