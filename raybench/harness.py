@@ -85,6 +85,7 @@ def overhead(spec: SweepSpec, trial: TrialSpec, rounds: int,
     started = cluster.connect(None)  # one Ray for all rounds: its start-up is not per trial
     bare, ray_thr, trial_wall, fixed, measured = [], [], [], [], []
     first, later = [], []
+    by_position: dict[int, list[float]] = {}  # samples/s by the trial's place in its group
     phases: dict[str, list[float]] = {}
     try:
         for i in range(rounds):
@@ -99,6 +100,9 @@ def overhead(spec: SweepSpec, trial: TrialSpec, rounds: int,
             trial_wall.append(sweep_s)
             measured.append(window)
             fixed.append((sweep_s - window) / per_round)
+            for r in rows:
+                by_position.setdefault(int(r.get("trial/group_position") or 0), []).append(
+                    float(r["train/samples_per_s"]))
             first.append(float(rows[0]["overhead/fixed_s"]))
             later += [float(r["overhead/fixed_s"]) for r in rows[1:]]
             for name, value in breakdown(rows, sweep_s).items():
@@ -128,6 +132,8 @@ def overhead(spec: SweepSpec, trial: TrialSpec, rounds: int,
     if per_round > 1:  # each row's own fixed cost: the group's first trial, the ones after it
         out["first_trial_fixed_s_median"] = statistics.median(first)
         out["next_trials_fixed_s_median"] = statistics.median(later)
+        out["raybench_samples_per_s_by_group_position"] = {
+            k: statistics.median(v) for k, v in sorted(by_position.items())}
     return out
 
 

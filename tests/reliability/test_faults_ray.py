@@ -101,6 +101,10 @@ def test_a_trial_that_raises_and_one_over_its_time_limit_are_rows(tmp_path):
     assert df.loc["imagefolder", "status"] == "error"
     assert "FileNotFoundError" in df.loc["imagefolder", "error"]
     assert df.loc["imagefolder", "trial/retries"] == 0  # a Python error is never retried
+    # the sweep runs under worker isolation (both trials one shape): the timeout ended their
+    # worker group, and the next trial started fresh workers
+    assert (df["trial/isolation"] == "worker").all()
+    assert list(df["trial/group_position"]) == [0, 0]
     assert elapsed < 150  # a 600 s window cut at 20 s: the sweep ends
 
 
