@@ -335,7 +335,7 @@ def run_group(trials: list[TrialSpec], storage: str, trials_dir: str, execution:
 
 def _fit_into(trainer: TorchTrainer, box: dict[str, Any], queue: Any) -> None:
     try:
-        box["result"] = trainer.fit()
+        trainer.fit()  # a group's outcomes came through the queue; only its error is kept
     except Exception as e:  # handed to the group's loop, which makes it the trial's row
         box["error"] = e
     finally:
