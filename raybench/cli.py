@@ -32,6 +32,8 @@ def load(path: str, overrides: list[str]) -> tuple[SweepSpec, list[TrialSpec]] |
         variants = stage_variants(spec)  # validated here too, before anything starts
         trials = expand(spec)
         _check_stage_inputs(spec, variants)
+        if spec.output.storage:
+            _check_storage(spec)
         if spec.output.mlflow:
             from raybench import tracking
 
@@ -54,9 +56,27 @@ def _check_stage_inputs(spec: SweepSpec, variants: list) -> None:
         problem = check_inputs(v)
         if problem:
             key, what = problem
-            raise SpecError(spec.source, key, getattr(v, key.split(".")[1]), what,
-                            "repair or replace that file (or regenerate the scenes), or point "
-                            f"{key} at another split")
+            value = getattr(v, key.split(".")[1])
+            fix = (f"repair or replace that file (or regenerate the scenes), or point {key} at "
+                   "another split")
+            if what.startswith("cannot write to"):
+                fix = STORAGE_FIX
+            raise SpecError(spec.source, key, value, what, fix)
+
+
+STORAGE_FIX = ("check the URI's bucket and path, the credentials in the environment "
+               "(AWS_ACCESS_KEY_ID, GOOGLE_APPLICATION_CREDENTIALS ...) and, for an "
+               "S3-compatible server, AWS_ENDPOINT_URL; or use a path every node mounts")
+
+
+def _check_storage(spec: SweepSpec) -> None:
+    """Shared storage that cannot take a write would lose the run's copy at its very end."""
+    from raybench import store
+
+    problem = store.check_writable(spec.output.storage)
+    if problem:
+        raise SpecError(spec.source, "output.storage", spec.output.storage,
+                        f"cannot write to {spec.output.storage}: {problem}", STORAGE_FIX)
 
 
 def output_dir(spec: SweepSpec, override: str | None, resume: bool = False) -> Path | None:

@@ -28,7 +28,7 @@ import ray.train.torch
 import torch
 from ray.train.torch import TorchConfig, TorchTrainer
 
-from raybench import fabric, metrics, workloads
+from raybench import artifacts, fabric, metrics, workloads
 from raybench.columns import Metric, declare
 from raybench.context import WorkerContext, process_start
 from raybench.failures import failure
@@ -103,6 +103,8 @@ def train_loop(config: dict[str, Any]) -> list[RankRecord] | None:
             ray.train.report({"checkpointed": keep},
                              checkpoint=ray.train.Checkpoint.from_directory(str(folder))
                              if keep else None)
+        if records and config.get("parcels") is not None:  # nodes may share no disk
+            _send_files(config["parcels"], trial, config["trace_dir"])
         if records:  # rank 0: when its part ended, for the teardown that follows
             records[0].stamps["loop_exit"] = time.time()
         if queue is not None:
@@ -135,6 +137,36 @@ class Handoff:
 
     async def wait(self, position: int) -> None:
         await self._event(position).wait()
+
+
+@ray.remote(num_cpus=0)
+class Parcels:
+    """Trials' files on their way from rank 0's node to the driver (artifacts.py): rank 0
+    puts them, the driver takes them before it writes the trial's row. Created by the Ray
+    runner on clusters of more than one node; its `token` is the driver's marker."""
+
+    def __init__(self, token: str) -> None:
+        self.token = token
+        self._files: dict[str, artifacts.Files] = {}
+
+    def get_token(self) -> str:
+        return self.token
+
+    def put(self, name: str, files: artifacts.Files) -> None:
+        self._files[name] = files
+
+    def take(self, name: str) -> artifacts.Files:
+        return self._files.pop(name, [])
+
+
+def _send_files(parcels: Any, trial: TrialSpec, trials_dir: str) -> None:
+    """Rank 0, after a trial: its files to the driver, unless the driver's folder is here."""
+    token = ray.get(parcels.get_token.remote())
+    if artifacts.shared(trials_dir, token):
+        return
+    files = artifacts.collect(trials_dir, trial)
+    if files:
+        ray.get(parcels.put.remote(Path(artifact_dir(trials_dir, trial)).name, files))
 
 
 ROW_WAIT_S = 120.0  # past this the driver is stuck elsewhere; the group goes on regardless
@@ -198,7 +230,7 @@ def _watchdog(limit_s: float | None) -> threading.Timer | None:
 
 def tune_entry(config: dict[str, Any], trials: list[TrialSpec], groups: list[list[int]],
                storage: str, trials_dir: str, execution: ExecutionSpec, cwd: str,
-               strategies: dict[str, str], handoff: Any = None) -> None:
+               strategies: dict[str, str], handoff: Any = None, parcels: Any = None) -> None:
     """One Tune function trial: run one worker group's trials (plan.worker_groups; one trial
     under process isolation) and report each outcome to the driver as it ends, with the
     trial's position in `trials`.
@@ -214,10 +246,10 @@ def tune_entry(config: dict[str, Any], trials: list[TrialSpec], groups: list[lis
     strategy = strategies[group[0].key]
     if len(group) == 1:
         outcomes = [(0, run_trial(group[0], storage, trials_dir, execution, cwd, strategy,
-                                  trial_start=entry))]
+                                  trial_start=entry, parcels=parcels))]
     else:
         outcomes = run_group(group, storage, trials_dir, execution, cwd, strategy, entry,
-                             handoff, members)
+                             handoff, members, parcels)
     for n, outcome in outcomes:
         outcome.start_time, outcome.end_time = start, now()
         start = outcome.end_time  # the next trial's time begins where this one's ends
@@ -235,7 +267,7 @@ def _worker_env(trial: TrialSpec, execution: ExecutionSpec) -> dict[str, str]:
 
 def run_trial(trial: TrialSpec, storage: str, trials_dir: str, execution: ExecutionSpec,
               cwd: str | None = None, strategy: str = "PACK",
-              trial_start: float | None = None) -> TrialOutcome:
+              trial_start: float | None = None, parcels: Any = None) -> TrialOutcome:
     """Fit one trial; a worker process that died is retried up to `execution.max_retries` times
     on fresh workers. Returns {status, error, metrics, ...} with `trial/retries`, never raises."""
     lost: list[str] = []
@@ -244,7 +276,7 @@ def run_trial(trial: TrialSpec, storage: str, trials_dir: str, execution: Execut
         fit_start = time.time()
         try:
             result = _trainer([trial], None, storage, trials_dir, execution, cwd, strategy,
-                              len(lost)).fit()
+                              len(lost), parcels=parcels).fit()
         except Exception as e:  # a failed trial is a row, never a lost sweep
             out = failure(e, trial.resources())
         else:
@@ -265,7 +297,7 @@ def run_trial(trial: TrialSpec, storage: str, trials_dir: str, execution: Execut
 
 def run_group(trials: list[TrialSpec], storage: str, trials_dir: str, execution: ExecutionSpec,
               cwd: str | None, strategy: str, trial_start: float, handoff: Any,
-              positions: list[int]) -> Iterator[tuple[int, TrialOutcome]]:
+              positions: list[int], parcels: Any = None) -> Iterator[tuple[int, TrialOutcome]]:
     """Fit one worker group for `trials` (same shape: plan.worker_groups) and yield
     (position, outcome) as each trial ends. A trial that fails ends its group (its other ranks
     may be waiting for it in a collective, and a process that ran out of memory or raised is
@@ -285,7 +317,8 @@ def run_group(trials: list[TrialSpec], storage: str, trials_dir: str, execution:
         group = [trials[i] for i in pending]
         trainer = _trainer(group, queue, storage, trials_dir, execution, cwd, strategy, attempt,
                            # sweep positions, for the driver's word on rows
-                           handoff=handoff, positions=[positions[i] for i in pending])
+                           handoff=handoff, positions=[positions[i] for i in pending],
+                           parcels=parcels)
         thread = threading.Thread(target=_fit_into, args=(trainer, box, queue), daemon=True)
         thread.start()
         started: dict[int, float] = {}

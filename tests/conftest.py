@@ -44,3 +44,36 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def s3_env():
+    """An S3-compatible server (moto) on 127.0.0.1 for this test session, with a bucket named
+    `raybench`: the environment that points pyarrow, GDAL and raybench at it."""
+    import logging
+
+    from moto.server import ThreadedMotoServer
+    from pyarrow import fs as pafs
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # a line per request otherwise
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        env = {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "test",
+               "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1",
+               "AWS_EC2_METADATA_DISABLED": "true"}
+        pafs.S3FileSystem(endpoint_override=env["AWS_ENDPOINT_URL"], access_key="test",
+                          secret_key="test", region="us-east-1",
+                          allow_bucket_creation=True).create_dir("raybench")
+        yield env
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def on_s3(s3_env, monkeypatch):
+    """This process pointed at the session's S3 server."""
+    for key, value in s3_env.items():
+        monkeypatch.setenv(key, value)
+    return s3_env

@@ -5,6 +5,7 @@ on the nodes the file describes."""
 from __future__ import annotations
 
 import re
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -107,3 +108,28 @@ def test_multi_node_files_give_nccl_the_fabric():
     efa = [n for n in node["NetworkInterfaces"] if n["InterfaceType"] == "efa"]
     assert sorted(n["NetworkCardIndex"] for n in efa) == [0, 1, 2, 3]  # one EFA per card
     assert "FI_PROVIDER=efa" in " ".join(p4de["worker_start_ray_commands"])
+
+
+DATA_KEYS = ("preprocess.scenes", "preprocess.labels", "preprocess.out", "workload.scenes",
+             "workload.labels", "workload.val_scenes", "workload.val_labels",
+             "workload.shoreline", "output.storage")
+
+
+def test_pods_without_a_shared_volume_keep_their_data_in_a_bucket():
+    """A KubeRay job whose pods share no volume runs its sweeps with every data location and
+    the results' storage at a URI (its entrypoint's --set), which every pod reaches."""
+    path = ROOT / "cluster" / "kuberay" / "rayjob_gb200.yaml"
+    doc = yaml.safe_load(path.read_text())
+    pods = [doc["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"],
+            *(g["template"]["spec"] for g in doc["spec"]["rayClusterSpec"]["workerGroupSpecs"])]
+    shared = [v for pod in pods for v in pod.get("volumes", [])
+              if not set(v) & {"emptyDir", "configMap", "secret"}]
+    assert shared == [], "this file is the example of pods without a shared volume"
+    argv = shlex.split(doc["spec"]["entrypoint"])
+    sets = [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
+    sweep = argv[argv.index("raybench.sweep") + 1]
+    spec = load_sweep(ROOT / sweep, sets)
+    for key in DATA_KEYS:
+        section, field = key.split(".")
+        value = getattr(getattr(spec, section), field)
+        assert "://" in str(value), f"{path.name}: {key}={value} is a pod's own disk"

@@ -10,7 +10,9 @@ chip index tables.
 Output: `shards/<scene_id>/strip-NNNNN.parquet` (columns scene_id, chip_index, chip_row,
 chip_col, row_off, col_off, valid_fraction, data: float32 C x H x W bytes, mask: uint8 H x W
 bytes), `chips.parquet` (one row per chip, with its shard), `chip_labels.parquet` (one row per
-label per chip, in-chip row/col and box), `errors.json` for skipped scenes.
+label per chip, in-chip row/col and box), `errors.json` for skipped scenes. Inputs and output
+are local paths or storage URIs (`s3://bucket/chips`: data/store.py); a cluster whose nodes share
+no disk needs a URI, since a strip task writes its shard from whichever node runs it.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ import json
 import logging
 import math
 import os
-import shutil
 import sys
 import time
 from collections import Counter
@@ -35,6 +36,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from raybench import store
 from raybench.data import xview3 as x3
 from raybench.data.chipread import ChipParams, ChipReadError, read_strip, scene_shape, timed
 from raybench.data.draws import Draws
@@ -46,7 +48,7 @@ log = logging.getLogger(__name__)
 CHIPS_PER_READ = 4  # chips read and written together: bounds a task's memory at any scene width
 
 
-def plan(scene_dir: Path, labels: pd.DataFrame, params: ChipParams, select: str,
+def plan(scene_dir: str, labels: pd.DataFrame, params: ChipParams, select: str,
          background: float, seed: int) -> list[dict[str, Any]]:
     """Strip work items of one scene: each names its chip row and the chip columns to keep."""
     rows, cols = scene_shape(scene_dir)
@@ -58,12 +60,12 @@ def plan(scene_dir: Path, labels: pd.DataFrame, params: ChipParams, select: str,
                     for cell in _cells_of(lab, params, n_r, n_c)}
         empty = sorted({(i, j) for i in range(n_r) for j in range(n_c)} - labelled)
         n_bg = min(len(empty), int(math.ceil(background * len(labels))))
-        picked = Draws([seed, int(scene_dir.name[:8], 16)]).sample(len(empty), n_bg)
+        picked = Draws([seed, int(store.name(scene_dir)[:8], 16)]).sample(len(empty), n_bg)
         keep = labelled | {empty[k] for k in picked}
     strips: dict[int, list[int]] = {}
     for i, j in sorted(keep):
         strips.setdefault(i, []).append(j)
-    return [{"scene_dir": str(scene_dir), "scene_id": scene_dir.name, "strip": i, "cols": js,
+    return [{"scene_dir": str(scene_dir), "scene_id": store.name(scene_dir), "strip": i, "cols": js,
              "n_cols": n_c} for i, js in sorted(strips.items())]
 
 
@@ -78,35 +80,38 @@ def _cells_of(label: pd.Series, params: ChipParams, n_r: int, n_c: int) -> list[
     return [(i, j) for i in span(r, n_r) for j in span(c, n_c)]
 
 
-def chip_scenes(scenes: Path, labels_csv: Path, out: Path, params: ChipParams,
+def chip_scenes(scenes: str | Path, labels_csv: str | Path, out: str | Path, params: ChipParams,
                 select: Literal["train", "all"] = "train", background: float = 0.5,
                 seed: int = 0, on_error: Literal["fail", "skip"] = "fail",
                 cpus: int | None = None, runner: Literal["ray", "local"] = "ray"
                 ) -> dict[str, Any]:
     """Chip every unfinished scene under `scenes` with Ray Data (on at most `cpus` Ray CPUs),
     or in this process with `runner="local"` (the same strip tasks one after another: for the
-    Ray-free runner and for small validation sets); returns the stage's figures."""
+    Ray-free runner and for small validation sets); returns the stage's figures. `scenes`,
+    `labels_csv` and `out` are local paths or storage URIs (data/store.py): on a cluster whose
+    nodes share no disk, a URI is what every strip task and training rank can reach."""
 
     params.validate()
     labels = read_labels(labels_csv)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = store.identity(out)  # strip tasks may run elsewhere: no path relative to here
+    store.make_dirs(out)
     tag = params_tag(params, select, background, seed)
     todo, done, errors = [], [], {}
     for scene_dir in x3.scene_dirs(scenes):
-        if _finished(out, scene_dir.name, tag):
-            done.append(scene_dir.name)
+        scene_id = store.name(scene_dir)
+        if _finished(out, scene_id, tag):
+            done.append(scene_id)
             continue
         try:
-            items = plan(scene_dir, labels[labels.scene_id == scene_dir.name], params, select,
+            items = plan(scene_dir, labels[labels.scene_id == scene_id], params, select,
                          background, seed)
         except ChipReadError as e:
             if on_error == "fail":
                 raise
-            errors[scene_dir.name] = str(e)
+            errors[scene_id] = str(e)
             continue
-        shutil.rmtree(out / "shards" / scene_dir.name, ignore_errors=True)
-        todo += [{**it, "out": str(out), "params": asdict(params)} for it in items]
+        store.remove_tree(store.join(out, "shards", scene_id))
+        todo += [{**it, "out": out, "params": asdict(params)} for it in items]
     log.info("chipping: %d strips from %d scenes (%d scenes already done)", len(todo),
              len({t["scene_id"] for t in todo}), len(done))
     t0 = time.perf_counter()
@@ -125,8 +130,9 @@ def chip_scenes(scenes: Path, labels_csv: Path, out: Path, params: ChipParams,
         "peak_rss_mb_worker": max((r["peak_rss_mb"] for r in results), default=None),
         "peak_rss_mb_driver": peak_rss_mb(), "chips_total": len(index), "errors": errors,
         "profile_s": _profile(results),
+        "nodes": len({r["node"] for r in results if r.get("node")}) or None,
     }
-    (out / "errors.json").write_text(json.dumps(errors, indent=1))
+    store.write_text(store.join(out, "errors.json"), json.dumps(errors, indent=1))
     return summary
 
 
@@ -188,41 +194,49 @@ def _run_strips(todo: list[dict[str, Any]], cpus: int | None) -> Iterator[dict[s
 
 
 def _strip_batch(batch: dict[str, np.ndarray]) -> dict[str, list[str]]:
-    return {"result": [json.dumps(_strip_task(json.loads(s))) for s in batch["item"]]}
+    import ray
+
+    node = ray.get_runtime_context().get_node_id()  # which node cut it: the stage's spread
+    return {"result": [json.dumps({**_strip_task(json.loads(s)), "node": node})
+                       for s in batch["item"]]}
 
 
 def _strip_task(item: dict[str, Any]) -> dict[str, Any]:
-    """Read one strip, write its shard atomically, return metadata only."""
+    """Read one strip, write its shard all or nothing, return metadata only."""
     params = ChipParams(**{**item["params"], "channels": tuple(item["params"]["channels"])})
-    shard = Path(item["out"]) / "shards" / item["scene_id"] / f"strip-{item['strip']:05d}.parquet"
-    shard.parent.mkdir(parents=True, exist_ok=True)
-    tmp = shard.with_suffix(f".tmp{os.getpid()}")
+    rel = f"shards/{item['scene_id']}/strip-{item['strip']:05d}.parquet"
+    fs, shard = store.resolve(store.join(item["out"], rel))
+    local = not store.is_uri(item["out"])
+    if local:  # renamed into place when whole; an object appears when its upload completes
+        Path(shard).parent.mkdir(parents=True, exist_ok=True)
+    target = f"{shard}.tmp{os.getpid()}" if local else shard
     meta, nbytes, writer = [], 0, None
     start, clock = time.perf_counter(), {}
     try:
         for k in range(0, len(item["cols"]), CHIPS_PER_READ):
             cols = item["cols"][k: k + CHIPS_PER_READ]
-            data, mask = read_strip(Path(item["scene_dir"]), item["strip"], cols, params, clock)
+            data, mask = read_strip(item["scene_dir"], item["strip"], cols, params, clock)
             with timed(clock, "encode"):
                 rows = _chip_rows(item, cols, params.stride, mask)
                 table = pa.table({**rows, "data": _fixed_binary(data),
                                   "mask": _fixed_binary(mask)})
             with timed(clock, "write"):
-                writer = writer or pq.ParquetWriter(tmp, table.schema, **SHARD_WRITE)
+                writer = writer or pq.ParquetWriter(target, table.schema, filesystem=fs,
+                                                    **SHARD_WRITE)
                 writer.write_table(table)  # one row group per read: memory stays at one group
             nbytes += data.nbytes
             meta += [{c: v[i] for c, v in rows.items()} for i in range(len(cols))]
     except ChipReadError as e:
         if writer:
             writer.close()
-        tmp.unlink(missing_ok=True)
+            fs.delete_file(target)
         return {"scene_id": item["scene_id"], "strip": item["strip"], "error": str(e),
                 "chips": "[]", "bytes_read": 0, "peak_rss_mb": peak_rss_mb()}
     with timed(clock, "write"):
         writer.close()
-        os.replace(tmp, shard)
+        if local:
+            os.replace(target, shard)
     clock["task"] = time.perf_counter() - start
-    rel = str(shard.relative_to(item["out"]))
     return {"scene_id": item["scene_id"], "strip": item["strip"], "error": None,
             "chips": json.dumps([m | {"shard": rel} for m in meta]), "bytes_read": nbytes,
             "peak_rss_mb": peak_rss_mb(), "clock": clock}
@@ -248,7 +262,7 @@ def _fixed_binary(arr: np.ndarray) -> pa.Array:
                                                 [None, pa.py_buffer(arr)])
 
 
-def _finish_scenes(out: Path, results: list[dict[str, Any]], tag: str,
+def _finish_scenes(out: str, results: list[dict[str, Any]], tag: str,
                    errors: dict[str, str], on_error: str) -> list[dict[str, Any]]:
     by_scene: dict[str, list[dict[str, Any]]] = {}
     for r in results:
@@ -256,28 +270,33 @@ def _finish_scenes(out: Path, results: list[dict[str, Any]], tag: str,
     metas = []
     for scene_id, parts in sorted(by_scene.items()):
         failed = [p["error"] for p in parts if p["error"]]
+        folder = store.join(out, "shards", scene_id)
         if failed:
             if on_error == "fail":
                 raise ChipReadError(failed[0])
             errors[scene_id] = failed[0]
-            shutil.rmtree(out / "shards" / scene_id, ignore_errors=True)
+            store.remove_tree(folder)
             continue
         chips = [c for p in parts for c in json.loads(p["chips"])]
-        folder = out / "shards" / scene_id
-        pd.DataFrame(chips).sort_values("chip_index").to_parquet(folder / "index.parquet")
-        (folder / "_SUCCESS").write_text(json.dumps({"params": tag, "chips": len(chips)}))
+        store.write_parquet(pd.DataFrame(chips).sort_values("chip_index"),
+                            store.join(folder, "index.parquet"))
+        store.write_text(store.join(folder, "_SUCCESS"),
+                         json.dumps({"params": tag, "chips": len(chips)}))
         metas.append({"scene_id": scene_id, "chips": len(chips),
                       "bytes_read": sum(p["bytes_read"] for p in parts)})
     return metas
 
 
-def write_index(out: Path, labels: pd.DataFrame, params: ChipParams) -> pd.DataFrame:
+def write_index(out: str | Path, labels: pd.DataFrame, params: ChipParams) -> pd.DataFrame:
     """`chips.parquet` over every finished scene, and the labels in chip coordinates."""
-    parts = [pd.read_parquet(p) for p in sorted((out / "shards").glob("*/index.parquet"))]
+    shards = store.join(out, "shards")
+    found = [store.join(shards, d, "index.parquet")
+             for d, folder in (store.list_dir(shards) if store.is_dir(shards) else []) if folder]
+    parts = [store.read_parquet(p) for p in found if store.is_file(p)]
     chips = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
-    chips.to_parquet(out / "chips.parquet", index=False)
-    chip_labels(chips, labels, params).to_parquet(out / "chip_labels.parquet", index=False)
-    (out / "chip_params.json").write_text(json.dumps(asdict(params)))
+    store.write_parquet(chips, store.join(out, "chips.parquet"))
+    store.write_parquet(chip_labels(chips, labels, params), store.join(out, "chip_labels.parquet"))
+    store.write_text(store.join(out, "chip_params.json"), json.dumps(asdict(params)))
     return chips
 
 
@@ -286,9 +305,9 @@ def params_tag(params: ChipParams, select: str, background: float, seed: int) ->
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def _finished(out: Path, scene_id: str, tag: str) -> bool:
-    marker = out / "shards" / scene_id / "_SUCCESS"
-    return marker.exists() and json.loads(marker.read_text()).get("params") == tag
+def _finished(out: str, scene_id: str, tag: str) -> bool:
+    marker = store.join(out, "shards", scene_id, "_SUCCESS")
+    return store.is_file(marker) and json.loads(store.read_text(marker)).get("params") == tag
 
 
 def load_chip(shard_row: dict[str, Any], channels: int, size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -325,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
 
         ray.init(num_cpus=args.num_cpus, include_dashboard=False,
                  logging_level=logging.WARNING)
-        summary = chip_scenes(Path(args.scenes), Path(args.labels), Path(args.out), params,
+        summary = chip_scenes(args.scenes, args.labels, args.out, params,
                               args.select, args.background, args.seed, args.on_error)
     except (ValueError, FileNotFoundError, ChipReadError) as e:
         print(f"raybench: chipping failed: {e}", file=sys.stderr)

@@ -28,6 +28,7 @@ import numpy as np
 import rasterio
 from rasterio.windows import Window
 
+from raybench import store
 from raybench.data import xview3 as x3
 
 # (offset, scale) for `standard`: value -> (value - offset) / scale. dB statistics from the spec
@@ -65,13 +66,13 @@ class ChipParams:
                              f"choose from {list(x3.CHANNEL_FILES)}")
 
 
-def scene_shape(scene_dir: Path) -> tuple[int, int]:
-    path = Path(scene_dir) / x3.CHANNEL_FILES["vh"]
+def scene_shape(scene_dir: str | Path) -> tuple[int, int]:
+    path = store.join(scene_dir, x3.CHANNEL_FILES["vh"])
     with _open(path) as src:
         return src.height, src.width
 
 
-def read_strip(scene_dir: Path, strip: int, chip_cols: list[int], params: ChipParams,
+def read_strip(scene_dir: str | Path, strip: int, chip_cols: list[int], params: ChipParams,
                clock: dict[str, float] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Chips `chip_cols` of chip row `strip`: data (n, C, H, W) float32, mask (n, H, W) uint8.
 
@@ -82,7 +83,7 @@ def read_strip(scene_dir: Path, strip: int, chip_cols: list[int], params: ChipPa
     size, stride = params.chip_size, params.stride
     r0, c0 = strip * stride, min(chip_cols) * stride
     c1 = max(chip_cols) * stride + size
-    bands = [_read_band(Path(scene_dir), ch, r0, size, c0, c1, rows, cols, clock)
+    bands = [_read_band(str(scene_dir), ch, r0, size, c0, c1, rows, cols, clock)
              for ch in params.channels]
     with timed(clock, "normalize"):
         return _assemble(bands, chip_cols, params)
@@ -129,10 +130,10 @@ def timed(clock: dict[str, float] | None, phase: str) -> Iterator[None]:
         clock[phase] = clock.get(phase, 0.0) + time.perf_counter() - t
 
 
-def _read_band(scene_dir: Path, channel: str, r0: int, height: int, c0: int, c1: int,
+def _read_band(scene_dir: str, channel: str, r0: int, height: int, c0: int, c1: int,
                rows: int, cols: int, clock: dict[str, float] | None = None) -> np.ndarray:
     """Rows [r0, r0+height) x cols [c0, c1) of a channel on the 10 m grid, nodata-padded."""
-    path = scene_dir / x3.CHANNEL_FILES[channel]
+    path = store.join(scene_dir, x3.CHANNEL_FILES[channel])
     out = np.full((height, c1 - c0), x3.NODATA, dtype=np.float32)
     h, w = min(height, rows - r0), min(c1, cols) - c0
     if h <= 0 or w <= 0:
@@ -145,7 +146,8 @@ def _read_band(scene_dir: Path, channel: str, r0: int, height: int, c0: int, c1:
             else:
                 out[:h, :w] = _resample(src, r0, h, c0, w, clock)
         except rasterio.errors.RasterioError as e:  # truncated or corrupt tiles
-            raise ChipReadError(f"scene {scene_dir.name}: cannot read {path.name} ({e})") from None
+            raise ChipReadError(f"scene {store.name(scene_dir)}: cannot read "
+                                f"{store.name(path)} ({e})") from None
     return out
 
 
@@ -186,12 +188,13 @@ def _interp(a: np.ndarray, pos: np.ndarray, axis: int) -> np.ndarray:
     return a[:, i0] * (1 - wt)[None, :] + a[:, i1] * wt[None, :]
 
 
-def _open(path: Path):
-    """rasterio.open with an error that names the scene and the file."""
+def _open(path: str):
+    """rasterio.open (a local path or a URI) with an error that names the scene and the file."""
     try:
-        return rasterio.open(path)
+        return rasterio.open(store.raster_path(path))
     except rasterio.errors.RasterioIOError as e:
-        raise ChipReadError(f"scene {path.parent.name}: cannot read {path.name} ({e})") from None
+        raise ChipReadError(f"scene {store.name(store.parent(path))}: cannot read "
+                            f"{store.name(path)} ({e})") from None
 
 
 class ChipReadError(RuntimeError):

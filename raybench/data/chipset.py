@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import pyarrow.parquet as pq
 import torch
 from torch.utils.data import Dataset
+
+from raybench import store
 
 # Boxes thinner than this are widened about their centre: a vessel seen end-on is a 1-2 px
 # sliver, which no anchor can match (the smallest anchors are several pixels).
@@ -27,16 +28,15 @@ MIN_BOX_PX = 4.0
 class ChipSet(Dataset):
     """(image C x H x W float32, target {boxes (x1, y1, x2, y2), labels}, chip meta) items."""
 
-    def __init__(self, root: Path, chip_size: int, channels: int):
-        self.root = Path(root)
+    def __init__(self, root: str | Path, chip_size: int, channels: int):
+        self.root = store.identity(root)  # a local folder or a storage URI (data/store.py)
         self.chip_size, self.channels = chip_size, channels
-        chips = pd.read_parquet(self.root / "chips.parquet")
+        chips = store.read_parquet(store.join(self.root, "chips.parquet"))
         if chips.empty:
             raise ValueError(f"{self.root}: no chips (chips.parquet is empty)")
         self.chips = chips.sort_values(["scene_id", "chip_index"]).reset_index(drop=True)
         self._where = self._locate()
-        labels_path = self.root / "chip_labels.parquet"
-        labels = pd.read_parquet(labels_path)
+        labels = store.read_parquet(store.join(self.root, "chip_labels.parquet"))
         self._boxes: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = {}
         if not labels.empty:
             for (sid, idx), g in labels.groupby(["scene_id", "chip_index"]):
@@ -48,7 +48,7 @@ class ChipSet(Dataset):
         """(shard, row group, row in group) of every chip, from each shard's own chip_index."""
         place: dict[tuple[str, int], tuple[str, int, int]] = {}
         for shard in self.chips["shard"].unique():
-            f = pq.ParquetFile(self.root / shard)
+            f = pq.ParquetFile(store.open_input(store.join(self.root, shard)))
             for g in range(f.num_row_groups):
                 idx = f.read_row_group(g, columns=["scene_id", "chip_index"]).to_pydict()
                 for k, (sid, ci) in enumerate(zip(idx["scene_id"], idx["chip_index"],
@@ -79,7 +79,8 @@ class ChipSet(Dataset):
     def __getitem__(self, i: int) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, Any]]:
         shard, group, row = self._where[i]
         if self._cache is None or self._cache[0] != (shard, group):
-            table = pq.ParquetFile(self.root / shard).read_row_group(group, columns=["data"])
+            table = pq.ParquetFile(store.open_input(store.join(self.root, shard))
+                                   ).read_row_group(group, columns=["data"])
             self._cache = ((shard, group), table.column("data"))
         raw = self._cache[1][row].as_py()
         c, s = self.channels, self.chip_size
@@ -93,10 +94,10 @@ def collate(batch: list[tuple[Any, ...]]) -> tuple[list, list, list]:
     return list(images), list(targets), list(metas)
 
 
-def chip_params_of(root: Path) -> dict[str, Any]:
+def chip_params_of(root: str | Path) -> dict[str, Any]:
     """The chip parameters a directory was written with (chip.py's `chip_params.json`)."""
-    path = Path(root) / "chip_params.json"
-    if not path.is_file():
+    path = store.join(root, "chip_params.json")
+    if not store.is_file(path):
         raise ValueError(f"{root}: no chip_params.json; this is not a chip directory written "
                          "by raybench.data.chip (run the chipping stage first)")
-    return json.loads(path.read_text())
+    return json.loads(store.read_text(path))

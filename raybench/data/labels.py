@@ -7,11 +7,13 @@ known, else the reference's fixed 10 px square) and the detector class.
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from raybench import store
 from raybench.data import xview3 as x3
 from raybench.data.chipread import ChipParams
 
@@ -40,10 +42,12 @@ def chip_labels(chips: pd.DataFrame, labels: pd.DataFrame, params: ChipParams) -
     return m.drop(columns=["row_off", "col_off"]).reset_index(drop=True)
 
 
-def read_labels(path: Path) -> pd.DataFrame:
-    """A label CSV with the 16 columns; missing columns or bad values are a clear error."""
+def read_labels(path: str | Path) -> pd.DataFrame:
+    """A label CSV (a local path or a storage URI) with the 16 columns; missing columns or bad
+    values are a clear error."""
     try:
-        df = pd.read_csv(path, dtype={"scene_id": str, "detect_id": str})
+        source = io.BytesIO(store.read_bytes(path)) if store.is_uri(path) else path
+        df = pd.read_csv(source, dtype={"scene_id": str, "detect_id": str})
     except (OSError, pd.errors.ParserError) as e:
         raise ValueError(f"{path}: cannot be read as a label CSV ({e})") from None
     missing = [c for c in x3.LABEL_COLUMNS if c not in df.columns]

@@ -16,8 +16,10 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
+from pyarrow.fs import FileType
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from raybench import store
 from raybench.columns import Metric, declare
 from raybench.records import TrialOutcome
 
@@ -33,6 +35,7 @@ declare(
     Metric("preprocess/peak_rss_mb_{where}", "MB", "peak resident memory of a worker or the "
            "driver"),
     Metric("preprocess/cached", "bool", "the output was found and reused"),
+    Metric("preprocess/nodes", "count", "Ray nodes whose tasks cut this run's chips"),
 )
 
 
@@ -48,9 +51,11 @@ class GenerateSpec(BaseModel):
 
 class PreprocessSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-    scenes: str = Field(description="a split root of scene folders, e.g. data/xview3/train")
-    labels: str = Field(description="that split's label CSV")
-    out: str = Field("data/chips", description="cache root of chip outputs")
+    scenes: str = Field(description="a split root of scene folders, e.g. data/xview3/train "
+                        "or s3://bucket/xview3/train")
+    labels: str = Field(description="that split's label CSV (a path or a URI)")
+    out: str = Field("data/chips", description="cache root of chip outputs: a local path, or a "
+                     "storage URI (s3://, gs://) where the cluster's nodes share no disk")
     chip_size: int = Field(800, ge=16)
     overlap: int = Field(0, ge=0)
     channels: list[str] = Field(default_factory=lambda: ["vh", "vv", "bathymetry"])
@@ -72,21 +77,27 @@ class PreprocessSpec(BaseModel):
         unknown = [c for c in self.channels if c not in CHANNEL_FILES]
         if unknown or not self.channels:
             raise ValueError(f"unknown channels {unknown}; choose from {list(CHANNEL_FILES)}")
-        if self.generate is None:
+        if self.generate is None and not store.is_uri(self.scenes):  # URIs: check_inputs
             if not Path(self.scenes).is_dir():
                 raise ValueError(f"scenes directory '{self.scenes}' does not exist (add "
                                  "preprocess.generate to create synthetic scenes)")
-            if not Path(self.labels).is_file():
+            if not store.is_file(self.labels):
                 raise ValueError(f"labels file '{self.labels}' does not exist")
         return self
 
 
 def check_inputs(spec: PreprocessSpec) -> tuple[str, str] | None:
-    """Before anything runs: the label CSV reads strictly and every scene's rasters open.
+    """Before anything runs: an output URI takes a write, the label CSV reads strictly and
+    every scene's rasters open.
 
     Returns (the spec key at fault, what is wrong, naming the file), or None when the inputs are
     usable. Opening a GeoTIFF reads its header only (milliseconds); damage deeper in a file is
     found by the stage itself, which names the scene and the file."""
+    for key in ("out", "scenes") if spec.generate is not None else ("out",):
+        where = getattr(spec, key)
+        problem = store.check_writable(where) if store.is_uri(where) else None
+        if problem:
+            return f"preprocess.{key}", f"cannot write to {where}: {problem}"
     if spec.generate is not None:
         return None  # the stage writes these inputs itself
     import rasterio
@@ -95,18 +106,18 @@ def check_inputs(spec: PreprocessSpec) -> tuple[str, str] | None:
     from raybench.data.xview3 import CHANNEL_FILES, scene_dirs
 
     try:
-        read_labels(Path(spec.labels))
+        read_labels(spec.labels)
     except ValueError as e:
         return "preprocess.labels", str(e)
     try:
-        scenes = scene_dirs(Path(spec.scenes))
+        scenes = scene_dirs(spec.scenes)
     except (OSError, ValueError) as e:
         return "preprocess.scenes", str(e)
     for scene in scenes:
         for channel in spec.channels:
-            path = scene / CHANNEL_FILES[channel]
+            path = store.join(scene, CHANNEL_FILES[channel])
             try:
-                with rasterio.open(path) as src:
+                with rasterio.open(store.raster_path(path)) as src:
                     src.profile  # noqa: B018 - the header must parse
             except (OSError, rasterio.errors.RasterioError) as e:
                 return "preprocess.scenes", f"{path}: not a readable GeoTIFF ({e})"
@@ -120,12 +131,12 @@ def run_stage(spec: PreprocessSpec, run_dir: Path) -> TrialOutcome:
 
     _generate_if_missing(spec)
     params = ChipParams(spec.chip_size, spec.overlap, tuple(spec.channels), spec.normalize)
-    out = Path(spec.out) / _tag(spec)
+    out = store.join(spec.out, _tag(spec))
     if spec.fresh:  # every variant (cpus included) measured from scratch in the run directory
-        out = run_dir / "preprocess" / variant_key(spec)
+        out = str(run_dir / "preprocess" / variant_key(spec))
         shutil.rmtree(out, ignore_errors=True)
     t0 = time.perf_counter()
-    summary = chip_scenes(Path(spec.scenes), Path(spec.labels), out, params, spec.select,
+    summary = chip_scenes(spec.scenes, spec.labels, out, params, spec.select,
                           spec.background, spec.seed, spec.on_error, cpus=spec.cpus)
     cached = summary["chips"] == 0 and summary["scenes_skipped_done"] > 0
     log.info("preprocess: %s chips in %s (%s)", summary["chips_total"], out,
@@ -144,15 +155,16 @@ def run_stage(spec: PreprocessSpec, run_dir: Path) -> TrialOutcome:
             "preprocess/peak_rss_mb_worker": summary["peak_rss_mb_worker"],
             "preprocess/peak_rss_mb_driver": summary["peak_rss_mb_driver"],
             "preprocess/cached": cached,
+            "preprocess/nodes": summary["nodes"],
         },
-        output=str(out),
+        output=out,
     )
 
 
-def prepare_local(spec: PreprocessSpec, chip: bool = True) -> Path:
+def prepare_local(spec: PreprocessSpec, chip: bool = True) -> str:
     """The stage's chips cut in this process (no Ray), into the same cache the Ray stage uses;
     with `chip=False` only the directory, for ranks that wait while another one cuts."""
-    out = Path(spec.out) / _tag(spec)
+    out = store.join(spec.out, _tag(spec))
     if not chip:
         return out
     from raybench.data.chip import chip_scenes
@@ -160,7 +172,7 @@ def prepare_local(spec: PreprocessSpec, chip: bool = True) -> Path:
 
     _generate_if_missing(spec)
     params = ChipParams(spec.chip_size, spec.overlap, tuple(spec.channels), spec.normalize)
-    summary = chip_scenes(Path(spec.scenes), Path(spec.labels), out, params, spec.select,
+    summary = chip_scenes(spec.scenes, spec.labels, out, params, spec.select,
                           spec.background, spec.seed, spec.on_error, runner="local")
     log.info("chips for %s: %d (%d new) in %s", spec.scenes, summary["chips_total"],
              summary["chips"], out)
@@ -178,24 +190,35 @@ def stage_config(spec: PreprocessSpec) -> dict[str, Any]:
 
 
 def _generate_if_missing(spec: PreprocessSpec) -> None:
-    if spec.generate is None or Path(spec.labels).is_file():
+    if spec.generate is None or store.is_file(spec.labels):
         return
     from raybench.data.synth_xview3 import generate
 
-    root = Path(spec.scenes).parent
+    root = store.parent(spec.scenes)
     rows, cols = (int(v) for v in spec.generate.size.split("x"))
     log.info("preprocess: generating %d synthetic scenes of %s under %s", spec.generate.scenes,
              spec.generate.size, root)
-    generate(root, spec.generate.scenes, rows, cols, spec.generate.seed, spec.generate.density)
+    if not store.is_uri(root):
+        generate(Path(root), spec.generate.scenes, rows, cols, spec.generate.seed,
+                 spec.generate.density)
+        return
+    local = store.local_scratch("rb-scenes-")  # made here, then uploaded: the labels last,
+    try:  # since their presence is what says the scenes are complete
+        generate(local, spec.generate.scenes, rows, cols, spec.generate.seed,
+                 spec.generate.density)
+        for part in sorted(p.name for p in local.iterdir() if p.name != "labels"):
+            store.upload_tree(local / part, store.join(root, part))
+        store.upload_tree(local / "labels", store.join(root, "labels"))
+    finally:
+        shutil.rmtree(local, ignore_errors=True)
 
 
 def _tag(spec: PreprocessSpec) -> str:
     """Cache key: what the chips depend on (inputs' identity and chip parameters), not `cpus`."""
-    labels = Path(spec.labels)
-    stat = labels.stat() if labels.exists() else None
+    stat = store.info(spec.labels)
     payload = {
-        "scenes": str(Path(spec.scenes).resolve()), "labels": str(labels.resolve()),
-        "labels_stat": [stat.st_size, stat.st_mtime_ns] if stat else None,
+        "scenes": store.identity(spec.scenes), "labels": store.identity(spec.labels),
+        "labels_stat": [stat.size, stat.mtime_ns] if stat.type == FileType.File else None,
         **spec.model_dump(mode="json", exclude={"cpus", "fresh", "out", "on_error"}),
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]

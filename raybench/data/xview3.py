@@ -7,11 +7,14 @@ chip.py; both import their layout facts from here only.
 
 from __future__ import annotations
 
+import io
 import pickle
 import re
 from pathlib import Path
 
 import numpy as np
+
+from raybench import store
 
 NODATA = -32768.0
 SCALE_10M = 10.0  # metres per pixel of the full grid
@@ -47,21 +50,22 @@ def coarse_shape(rows: int, cols: int) -> tuple[int, int]:
     return -(-rows // COARSE_FACTOR), -(-cols // COARSE_FACTOR)
 
 
-def scene_dirs(root: Path) -> list[Path]:
-    """Scene folders of a split root, sorted; anything else in the root is an error."""
-    root = Path(root)
-    if not root.is_dir():
+def scene_dirs(root: str | Path) -> list[str]:
+    """Scene folders of a split root (a local path or a storage URI), sorted; anything else in
+    the root is an error."""
+    if not store.is_dir(root):
         raise FileNotFoundError(f"scene directory {root} does not exist")
     out = []
-    for p in sorted(root.iterdir()):
-        if not (p.is_dir() and SCENE_ID.match(p.name)):
-            raise ValueError(f"{p}: not a scene folder (expected 16 hex characters + t/v)")
-        out.append(p)
+    for entry, is_folder in store.list_dir(root):
+        if not (is_folder and SCENE_ID.match(entry)):
+            raise ValueError(f"{store.join(root, entry)}: not a scene folder (expected 16 hex "
+                             "characters + t/v)")
+        out.append(store.join(root, entry))
     return out
 
 
-def shoreline_path(shore_root: Path, scene_id: str) -> Path:
-    return Path(shore_root) / f"{scene_id}_shoreline.npy"
+def shoreline_path(shore_root: str | Path, scene_id: str) -> str:
+    return store.join(shore_root, f"{scene_id}_shoreline.npy")
 
 
 # What a pickled numpy array of arrays may name, in numpy 1 and 2 spellings: nothing else is
@@ -87,9 +91,9 @@ class _ArrayUnpickler(pickle.Unpickler):
         return super().find_class(module.replace("numpy.core.", "numpy._core."), name)
 
 
-def _load_object_npy(path: Path) -> np.ndarray:
+def _load_object_npy(path: str | Path) -> np.ndarray:
     """An .npy file, its object arrays unpickled with numpy's array reconstruction only."""
-    with open(path, "rb") as f:
+    with io.BytesIO(store.read_bytes(path)) as f:  # a shoreline file is kilobytes
         version = np.lib.format.read_magic(f)
         read_header = {(1, 0): np.lib.format.read_array_header_1_0,
                        (2, 0): np.lib.format.read_array_header_2_0}.get(version)
@@ -106,7 +110,7 @@ def _load_object_npy(path: Path) -> np.ndarray:
     return arr
 
 
-def load_shoreline(path: Path) -> list[np.ndarray]:
+def load_shoreline(path: str | Path) -> list[np.ndarray]:
     """Contours of (row, col) points. The real files are numpy object arrays (pickled); they
     are read by an unpickler that admits numpy's array reconstruction and nothing else, and
     each element is checked to be a plain (N, 2) number array."""

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import linear_sum_assignment
 
+from raybench import store
 from raybench.data import xview3 as x3
 
 log = logging.getLogger(__name__)
@@ -189,8 +190,8 @@ def validate_predictions(pred: pd.DataFrame, source: str = "predictions") -> pd.
     return out
 
 
-def load_shorelines(root: Path, scene_ids: list[str]) -> dict[str, list[np.ndarray]]:
-    missing = [s for s in scene_ids if not x3.shoreline_path(root, s).is_file()]
+def load_shorelines(root: str | Path, scene_ids: list[str]) -> dict[str, list[np.ndarray]]:
+    missing = [s for s in scene_ids if not store.is_file(x3.shoreline_path(root, s))]
     if missing:
         raise PredictionsError(f"{root}: no shoreline file for scenes {missing[:5]} (expected "
                                f"<scene_id>_shoreline.npy); point --shoreline at the split's "

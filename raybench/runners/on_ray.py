@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from raybench import cluster, plan
+from raybench import artifacts, cluster, plan
 from raybench.columns import Metric, declare
-from raybench.grid import TrialSpec
+from raybench.grid import TrialSpec, artifact_dir
 from raybench.records import TrialOutcome, now
 from raybench.results import storage_uri
 from raybench.runners import Done, Runner
@@ -97,6 +97,7 @@ def _scenarios(spec, trials: list[TrialSpec], done: Done) -> None:
 
 def _tune(spec, trials: list[TrialSpec], out: Path, done: Done, name: str,
           nodes: list[dict[str, float]]) -> None:
+    import ray
     from ray import tune
 
     from raybench.trial import tune_entry
@@ -126,6 +127,11 @@ def _tune(spec, trials: list[TrialSpec], out: Path, done: Done, name: str,
 
         log.info("isolation worker: %d trials on %d worker groups", len(trials), len(groups))
         handoff = Handoff.remote()  # a group's next trial waits until this one's row is written
+    parcels = None
+    if len(nodes) > 1:  # rank 0 may run where this run directory is not: its files travel
+        from raybench.trial import Parcels
+
+        parcels = Parcels.remote(artifacts.mark(trials_dir))
 
     reported: set[int] = set()
 
@@ -134,6 +140,12 @@ def _tune(spec, trials: list[TrialSpec], out: Path, done: Done, name: str,
             i = result["raybench_trial"]
             reported.add(i)
             outcome = TrialOutcome.from_dict(json.loads(result["raybench_outcome"]))
+            if parcels is not None:  # before the row: a sink may read the trial's folder
+                name = Path(artifact_dir(trials_dir, by_index[i])).name
+                files = ray.get(parcels.take.remote(name))
+                if files:
+                    log.info("wrote %d files of trial %s (%d bytes) from rank 0's node",
+                             len(files), name, artifacts.unpack(trials_dir, files))
             if "fit_end" in outcome.stamps:  # Tune's report reaching the driver, with its row
                 outcome.metrics["overhead/report_s"] = time.time() - outcome.stamps["fit_end"]
             done(by_index[i], outcome)
@@ -151,7 +163,8 @@ def _tune(spec, trials: list[TrialSpec], out: Path, done: Done, name: str,
         tune.with_resources(
             tune.with_parameters(tune_entry, trials=list(trials), groups=groups,
                                  storage=storage, trials_dir=trials_dir, execution=execution,
-                                 cwd=cwd, strategies=strategies, handoff=handoff),
+                                 cwd=cwd, strategies=strategies, handoff=handoff,
+                                 parcels=parcels),
             {"cpu": 0.01},  # the trainer's workers hold the real resources; {"cpu": 0} is rejected
         ),
         param_space={"group": tune.grid_search(list(range(len(groups))))},

@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import fcntl
 import functools
+import hashlib
+import io
 import json
 import logging
 import os
 import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -32,6 +35,7 @@ import torch
 from pydantic import Field, model_validator
 from torch import nn
 
+from raybench import store
 from raybench.columns import Metric
 from raybench.data import xview3 as x3
 from raybench.data.chipset import ChipSet, chip_params_of, collate
@@ -218,11 +222,24 @@ def serving_chips(p: FrcnnParams) -> ChipSet:
     key = spec.model_dump_json()
     with _serving_lock:
         if key not in _serving_sets:
-            Path(p.chips_cache).mkdir(parents=True, exist_ok=True)
-            with open(Path(p.chips_cache) / ".serving.lock", "w") as lock:
+            # a lock on this node (a cache at a URI is shared by nodes that may cut at once:
+            # they write the same bytes, and an object is replaced whole)
+            lock_path = (Path(tempfile.gettempdir()) / f"raybench-serving-{spec_tag(key)}.lock"
+                         if store.is_uri(p.chips_cache) else Path(p.chips_cache) / ".serving.lock")
+            lock_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(lock_path, "w") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)
                 _serving_sets[key] = ChipSet(prepare_local(spec), p.chip_size, len(p.channels))
         return _serving_sets[key]
+
+
+def spec_tag(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+def read_csv(loc: str) -> pd.DataFrame:
+    """The validation label CSV as the scorer reads it, from a path or a storage URI."""
+    return pd.read_csv(io.BytesIO(store.read_bytes(loc)), dtype={"scene_id": str})
 
 
 def _numpy(out: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
@@ -282,7 +299,7 @@ class Xview3Frcnn(EpochWorkload, Servable):
                              "preprocess and workload agree")
         self.train_set = ChipSet(train_dir, p.chip_size, len(p.channels))
         self.val_set = ChipSet(val_dir, p.chip_size, len(p.channels))
-        self.val_labels = pd.read_csv(p.val_labels, dtype={"scene_id": str})
+        self.val_labels = read_csv(p.val_labels)
         self.shorelines = self._shorelines()
         torch.manual_seed(p.seed)
         self._model = build_model(p, len(p.channels))
@@ -299,14 +316,14 @@ class Xview3Frcnn(EpochWorkload, Servable):
         self._iter, self._epoch = 0, 0
         self.best: dict[str, Any] | None = None
 
-    def _prepare_chips(self) -> tuple[Path, Path]:
+    def _prepare_chips(self) -> tuple[str, str]:
         """Training chips (given, or cut here) and every validation chip; one rank per node
         cuts them, the others wait, and later trials find them cached."""
         from raybench.data.stage import prepare_local
 
         p, ctx = self.params, self.ctx
         cut = ctx.local_rank == 0
-        train_dir = Path(p.chips) if p.chips else prepare_local(chip_spec(p, "train"), chip=cut)
+        train_dir = p.chips or prepare_local(chip_spec(p, "train"), chip=cut)
         val_dir = prepare_local(chip_spec(p, "validation"), chip=cut)
         ctx.barrier()
         return train_dir, val_dir
@@ -317,7 +334,7 @@ class Xview3Frcnn(EpochWorkload, Servable):
         from raybench.metrics.xview3 import load_shorelines
 
         scenes = list(dict.fromkeys(self.val_labels["scene_id"]))
-        return load_shorelines(Path(self.params.shoreline), scenes)
+        return load_shorelines(self.params.shoreline, scenes)
 
     # --- the timed loop's side -------------------------------------------------------------
 
@@ -502,7 +519,7 @@ class Xview3Frcnn(EpochWorkload, Servable):
     def setup_serving(self) -> None:
         p = self.params
         self.val_set = serving_chips(p)
-        self.val_labels = pd.read_csv(p.val_labels, dtype={"scene_id": str})
+        self.val_labels = read_csv(p.val_labels)
         self.shorelines = self._shorelines()
         torch.manual_seed(p.seed)
         self._model = build_model(p, len(p.channels))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -25,20 +26,20 @@ def scenes(tmp_path_factory):
 
 def test_tree_and_ids(scenes):
     root, labels = scenes
-    train = x3.scene_dirs(root / "train")
-    val = x3.scene_dirs(root / "validation")
+    train = [Path(p) for p in x3.scene_dirs(root / "train")]  # local roots: local paths
+    val = [Path(p) for p in x3.scene_dirs(root / "validation")]
     assert len(train) == 2 and len(val) == 1
     assert all(p.name.endswith("t") for p in train) and val[0].name.endswith("v")
     for scene in train + val:
         assert sorted(p.name for p in scene.iterdir()) == sorted(x3.CHANNEL_FILES.values())
         split = "train" if scene.name.endswith("t") else "validation"
-        assert x3.shoreline_path(root / "shoreline" / split, scene.name).exists()
+        assert Path(x3.shoreline_path(root / "shoreline" / split, scene.name)).exists()
     assert (root / "labels" / "train.csv").exists() and (root / "labels" / "validation.csv").exists()
 
 
 def test_rasters_types_nodata_crs_and_grids(scenes):
     root, _ = scenes
-    scene = x3.scene_dirs(root / "train")[0]
+    scene = Path(x3.scene_dirs(root / "train")[0])
     for channel, name in x3.CHANNEL_FILES.items():
         with rasterio.open(scene / name) as src:
             assert src.dtypes == ("float32",)
@@ -54,7 +55,7 @@ def test_rasters_types_nodata_crs_and_grids(scenes):
 
 def test_sar_statistics_and_swath(scenes):
     root, _ = scenes
-    scene = x3.scene_dirs(root / "train")[0]
+    scene = Path(x3.scene_dirs(root / "train")[0])
     with rasterio.open(scene / "VH_dB.tif") as src:
         vh = src.read(1)
     valid = vh != -32768
@@ -72,7 +73,7 @@ def test_labels_schema_and_consistency(scenes):
     assert set(df["source"]) <= {"ais", "manual", "ais/manual"}
     assert df["is_vessel"].isna().any() and df["vessel_length_m"].isna().any()
     assert (df["is_vessel"] == False).any()  # noqa: E712  fixed infrastructure exists
-    assert set(df["scene_id"]) == {p.name for p in x3.scene_dirs(root / "train")}
+    assert set(df["scene_id"]) == {Path(p).name for p in x3.scene_dirs(root / "train")}
     # lat/lon follow from row/col through the transform
     row = df.iloc[0]
     with rasterio.open(root / "train" / row["scene_id"] / "VH_dB.tif") as src:

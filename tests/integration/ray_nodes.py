@@ -25,8 +25,11 @@ def free_port() -> int:
 class LocalCluster:
     """A head (and optional worker nodes) on loopback addresses, with token authentication."""
 
-    def __init__(self, head_ip: str = "127.0.0.1"):
+    def __init__(self, head_ip: str = "127.0.0.1", private: str | None = None):
         self.head_ip = head_ip
+        # each node (and a driver run through `private_cmd`) in its own mount namespace with
+        # its own tmpfs at this path: the same folder name, a different disk on every node
+        self.private = private
         self.port, self.dashboard_port = free_port(), free_port()
         # short: Ray's unix socket paths live under it and have a length limit
         self.temp_dir = tempfile.mkdtemp(prefix="rb", dir="/tmp")
@@ -52,8 +55,18 @@ class LocalCluster:
     def add_node(self, ip: str, *args: str) -> None:
         self._start(f"--address={self.address}", f"--node-ip-address={ip}", *args)
 
+    def private_cmd(self, cmd: list[str], then: str = "") -> list[str]:
+        """`cmd` in a mount namespace of its own, `self.private` a fresh tmpfs there (gone
+        when its last process ends); `then`: a shell line run after it, its exit code kept."""
+        script = (f'mount -t tmpfs tmpfs "{self.private}" && "$@"; rc=$?; {then or ":"}; '
+                  'exit $rc')
+        return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
+                *cmd]
+
     def _start(self, *args: str) -> None:
         cmd = [str(BIN / "ray"), "start", "--block", "--disable-usage-stats", *args]
+        if self.private:
+            cmd = self.private_cmd(cmd)
         self.procs.append(subprocess.Popen(cmd, env=self.env, start_new_session=True,
                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
 

@@ -143,3 +143,20 @@ def test_safe_yaml_loader_refuses_python_tags(tmp_path):
     assert "!!python" in text
     proc = run_cli(tmp_path, text, process=True)  # the exit status a shell sees, too
     assert proc.returncode == 2 and not (ROOT / "PWNED").exists()
+
+
+def test_a_storage_uri_that_cannot_be_written_is_named(tmp_path, scenes, on_s3):
+    """A chip output at a URI is probed with a write before anything runs (the bucket here
+    does not exist on the test's S3 server)."""
+    root, split = scenes
+    where = "s3://no-such-bucket-rb/chips"
+    text = stage_sweep(root / split, root / "labels" / f"{split}.csv").replace("CHIPS", where)
+    assert_rejected(tmp_path, run_cli(tmp_path, text), "preprocess.out", where,
+                    "cannot write to", "AWS_ENDPOINT_URL")
+
+
+def test_shared_storage_that_cannot_be_written_is_named(tmp_path, on_s3):
+    where = "s3://no-such-bucket-rb/results"
+    text = SWEEP.replace("output: {root: RESULTS}", f"output: {{root: RESULTS, storage: {where}}}")
+    assert_rejected(tmp_path, run_cli(tmp_path, text), "output.storage", where,
+                    "cannot write to", "AWS_ENDPOINT_URL")
