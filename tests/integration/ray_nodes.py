@@ -22,6 +22,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def private_mounts_work(path: Path) -> bool:
+    """Can this process give a child its own tmpfs at `path` (unshare --mount, CAP_SYS_ADMIN)?"""
+    probe = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+             f'mount -t tmpfs tmpfs "{path}"']
+    try:
+        return subprocess.run(probe, capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
 class LocalCluster:
     """A head (and optional worker nodes) on loopback addresses, with token authentication."""
 

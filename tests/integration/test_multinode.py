@@ -1,18 +1,24 @@
 """Two Ray nodes on one machine (loopback addresses 127.0.0.2 and .3, two logical GPUs each):
 a 4-GPU trial is spread over both nodes and records both; with `concurrency: pack` two 1-GPU
-trials run at the same time on different GPUs. Workers compute on CPU (`logical_gpus`)."""
+trials run at the same time on different GPUs. Workers compute on CPU (`logical_gpus`).
+
+Each node runs in a mount namespace of its own with a private tmpfs at one path (where this
+machine allows it): the xView3 sweep then runs as on nodes that share no disk (KubeRay pods,
+cloud nodes), its data in an S3-compatible server on 127.0.0.1 (the `s3_env` fixture)."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import uuid
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from tests.conftest import ROOT
-from tests.integration.ray_nodes import LocalCluster
+from tests.integration.ray_nodes import LocalCluster, private_mounts_work
 
 pytestmark = pytest.mark.ray
 
@@ -29,8 +35,12 @@ grid: %(grid)s
 
 
 @pytest.fixture(scope="module")
-def two_nodes():
-    cluster = LocalCluster(head_ip="127.0.0.2")
+def two_nodes(s3_env):
+    private = Path("/tmp") / f"rbpriv-{uuid.uuid4().hex[:8]}"  # the same name on every node
+    private.mkdir()
+    cluster = LocalCluster(head_ip="127.0.0.2",
+                           private=str(private) if private_mounts_work(private) else None)
+    cluster.env.update(s3_env)
     token = '--resources={"raybench_node": 1}'
     try:
         cluster.start_head("--num-cpus=3", "--num-gpus=2", token)
@@ -39,6 +49,7 @@ def two_nodes():
         yield cluster
     finally:
         cluster.stop()
+        private.rmdir()
 
 
 def run(cluster, tmp_path, grid: str, steps: int) -> pd.DataFrame:
@@ -142,6 +153,77 @@ def test_inference_replicas_on_both_nodes_offline_and_server(two_nodes, tmp_path
     assert srv["server/rate_qps"] > 0 and srv["server/p99_ms"] <= 1000
     server_detail = json.loads(next((out / "trials").glob("0001_*.json")).read_text())
     assert {r["node"] for r in server_detail["ranks"]} == {"127.0.0.2", "127.0.0.3"}
+
+
+NO_SHARED_DISK = """
+name: no_shared_disk
+system: {label: private-disks, nodes: 2, gpus_per_node: 2}
+preprocess:
+  scenes: %(s3)s/synth/train
+  labels: %(s3)s/synth/labels/train.csv
+  out: %(s3)s/chips
+  chip_size: 128
+  generate: &generate {scenes: 3, size: 512x512, seed: 1, density: 30}
+workload:
+  name: xview3_frcnn
+  scenes: %(s3)s/synth/train
+  labels: %(s3)s/synth/labels/train.csv
+  generate: *generate
+  val_scenes: %(s3)s/synth/validation
+  val_labels: %(s3)s/synth/labels/validation.csv
+  shoreline: %(s3)s/synth/shoreline/validation
+  chips_cache: %(private)s/chips
+  backbone: resnet18_fpn
+  chip_size: 128
+  batch_size: 2
+  epochs: 1
+  rpn_proposals_train: 100
+  rpn_proposals_test: 100
+  roi_samples: 32
+  box_head_dim: 64
+hardware: {num_gpus: 2, cpus_per_worker: 1, dataloader_workers: 0}
+execution: {logical_gpus: true, placement: spread, start_timeout_s: 90}
+measure: {warmup_steps: 1}
+"""
+
+
+def test_xview3_sweep_runs_where_nodes_share_no_disk(two_nodes, tmp_path):
+    """No path shared between the nodes and the driver but the S3 bucket: synthetic scenes are
+    generated into it, Ray Data tasks on both nodes cut chips from it and write them back, the
+    two ranks (one per node) train on them and cut their validation chips into their own
+    node's private folder, and rank 0's files reach the driver's run directory, which only the
+    driver (in a namespace of its own) sees."""
+    if not two_nodes.private:
+        pytest.skip("no private mounts here (unshare --mount and a tmpfs need CAP_SYS_ADMIN)")
+    private = Path(two_nodes.private)
+    sweep = tmp_path / "sweep.yaml"  # read by the driver alone
+    sweep.write_text(NO_SHARED_DISK % {"s3": f"s3://raybench/{private.name}",
+                                       "private": private})
+    copied = tmp_path / "copied"  # the driver's run directory, copied out of its namespace
+    cmd = two_nodes.private_cmd(
+        [sys.executable, "-m", "raybench.sweep", str(sweep), "--address", two_nodes.address,
+         "--output", f"{private}/run"], then=f'cp -r "{private}/run" "{copied}"')
+    proc = subprocess.run(cmd, cwd=ROOT, env=two_nodes.env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    df = pd.read_parquet(copied / "results.parquet")
+    stage = df[df["stage"] == "preprocess"].iloc[0]
+    trial = df[df["stage"] != "preprocess"].iloc[0]
+    assert stage["status"] == "ok" and trial["status"] == "ok", trial["error"]
+    assert stage["preprocess/chips"] > 0 and stage["preprocess/nodes"] == 2  # cut on both nodes
+    # the ranks read the stage's chips from the store, one rank per node
+    assert trial["workload.chips"].startswith(f"s3://raybench/{private.name}/chips/")
+    assert trial["cluster/nodes_used"] == 2 and trial["train/world_size"] == 2
+    assert sorted(trial["cluster/rank_nodes"].split(",")) == ["127.0.0.2", "127.0.0.3"]
+    assert pd.notna(trial["xview3/aggregate"])
+    # rank 0 wrote its files on its own node; they reached the driver's run directory
+    folder = next(p for p in (copied / "trials").iterdir() if p.is_dir())
+    preds = pd.read_csv(folder / "predictions.csv")
+    assert "detect_scene_row" in preds.columns
+    epochs = [json.loads(x) for x in (folder / "metrics_epoch.jsonl").read_text().splitlines()]
+    assert [e["epoch"] for e in epochs] == [1]
+    assert "files of trial" in proc.stderr  # the driver wrote them from rank 0's parcel
 
 
 def collections_count(items):
