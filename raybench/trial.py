@@ -283,7 +283,7 @@ def run_trial(trial: TrialSpec, storage: str, trials_dir: str, execution: Execut
             out = metrics.outcome(result.return_value)
             out.stamps = {"fit_start": fit_start, "fit_end": time.time()}
             if out.ok and result.checkpoint is not None:
-                out.metrics["train/checkpoint"] = result.checkpoint.path
+                out.metrics["train/checkpoint"] = checkpoint_uri(result.checkpoint)
         out = _timed_out(out, time.monotonic() - start, execution)
         if out.status == "lost" and len(lost) < execution.max_retries:
             lost.append(_reason(out))
@@ -373,6 +373,15 @@ def _fit_into(trainer: TorchTrainer, box: dict[str, Any], queue: Any) -> None:
         box["error"] = e
     finally:
         queue.put(("end", None, None))
+
+
+def checkpoint_uri(checkpoint: Any) -> str:
+    """Where a checkpoint is, as a user opens it: a local path, or a URI (Ray's `path` is the
+    path inside its filesystem, without the scheme: "bucket/run/...")."""
+    kind = checkpoint.filesystem.type_name
+    if kind == "local":
+        return checkpoint.path
+    return f"{ {'gcs': 'gs'}.get(kind, kind)}://{checkpoint.path}"
 
 
 def _timed_out(out: TrialOutcome, elapsed: float, execution: ExecutionSpec) -> TrialOutcome:

@@ -146,6 +146,7 @@ def _tune(spec, trials: list[TrialSpec], out: Path, done: Done, name: str,
                 if files:
                     log.info("wrote %d files of trial %s (%d bytes) from rank 0's node",
                              len(files), name, artifacts.unpack(trials_dir, files))
+                    _point_at_copy(outcome, trials_dir, name, files)
             if "fit_end" in outcome.stamps:  # Tune's report reaching the driver, with its row
                 outcome.metrics["overhead/report_s"] = time.time() - outcome.stamps["fit_end"]
             done(by_index[i], outcome)
@@ -175,6 +176,16 @@ def _tune(spec, trials: list[TrialSpec], out: Path, done: Done, name: str,
         ),
     )
     tuner.fit()
+
+
+def _point_at_copy(outcome: TrialOutcome, trials_dir: str, name: str,
+                   files: list[tuple[str, bytes]]) -> None:
+    """Ray Train kept the checkpoint at a local path of rank 0's node, which this driver does
+    not see (no output.storage): the row names the copy that came with the trial's files."""
+    kept = outcome.metrics.get("train/checkpoint")
+    if kept and "://" not in kept and any(rel.startswith(f"{name}/checkpoint/")
+                                          for rel, _ in files):
+        outcome.metrics["train/checkpoint"] = str(Path(trials_dir) / name / "checkpoint")
 
 
 def _read(path: str | None) -> str:

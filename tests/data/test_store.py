@@ -116,3 +116,31 @@ def test_a_trials_files_travel_whole_and_only_into_its_folder(tmp_path, write_sw
         with pytest.raises(ValueError, match="refused artefact path"):
             artifacts.unpack(str(driver), [(bad, b"x")])
     assert not (tmp_path / "driver" / "escape.txt").exists()
+
+
+def test_a_checkpoint_on_rank_0s_disk_is_named_by_its_copy(tmp_path):
+    """No output.storage on nodes without a shared disk: Ray Train's path is on rank 0's node;
+    the row names the copy that came with the trial's files (a URI stays as it is)."""
+    from raybench.records import TrialOutcome
+    from raybench.runners.on_ray import _point_at_copy
+
+    files = [("0000_k/checkpoint/model.pt", b"w"), ("0000_k/predictions.csv", b"p")]
+    out = TrialOutcome(status="ok", metrics={"train/checkpoint": "/node/ray/ckpt_0"})
+    _point_at_copy(out, str(tmp_path), "0000_k", files)
+    assert out.metrics["train/checkpoint"] == str(tmp_path / "0000_k" / "checkpoint")
+    out = TrialOutcome(status="ok", metrics={"train/checkpoint": "s3://b/ray/ckpt_0"})
+    _point_at_copy(out, str(tmp_path), "0000_k", files)
+    assert out.metrics["train/checkpoint"] == "s3://b/ray/ckpt_0"
+
+
+def test_a_checkpoint_in_a_bucket_is_named_by_its_uri(tmp_path):
+    import pyarrow.fs as pafs
+    from ray.train import Checkpoint
+
+    from raybench.trial import checkpoint_uri
+
+    local = Checkpoint(str(tmp_path))
+    assert checkpoint_uri(local) == str(tmp_path)
+    remote = Checkpoint("raybench/run/checkpoint_000000",
+                        filesystem=pafs.S3FileSystem(anonymous=True, region="us-east-1"))
+    assert checkpoint_uri(remote) == "s3://raybench/run/checkpoint_000000"

@@ -177,6 +177,7 @@ workload:
   chip_size: 128
   batch_size: 2
   epochs: 1
+  save_checkpoints: true
   rpn_proposals_train: 100
   rpn_proposals_test: 100
   roi_samples: 32
@@ -184,6 +185,7 @@ workload:
 hardware: {num_gpus: 2, cpus_per_worker: 1, dataloader_workers: 0}
 execution: {logical_gpus: true, placement: spread, start_timeout_s: 90}
 measure: {warmup_steps: 1}
+output: {storage: %(s3)s/results}
 """
 
 
@@ -192,7 +194,8 @@ def test_xview3_sweep_runs_where_nodes_share_no_disk(two_nodes, tmp_path):
     generated into it, Ray Data tasks on both nodes cut chips from it and write them back, the
     two ranks (one per node) train on them and cut their validation chips into their own
     node's private folder, and rank 0's files reach the driver's run directory, which only the
-    driver (in a namespace of its own) sees."""
+    driver (in a namespace of its own) sees. Ray Train keeps the best epoch's checkpoint in
+    the bucket (output.storage), and the finished run is published there."""
     if not two_nodes.private:
         pytest.skip("no private mounts here (unshare --mount and a tmpfs need CAP_SYS_ADMIN)")
     private = Path(two_nodes.private)
@@ -224,6 +227,18 @@ def test_xview3_sweep_runs_where_nodes_share_no_disk(two_nodes, tmp_path):
     epochs = [json.loads(x) for x in (folder / "metrics_epoch.jsonl").read_text().splitlines()]
     assert [e["epoch"] for e in epochs] == [1]
     assert "files of trial" in proc.stderr  # the driver wrote them from rank 0's parcel
+    assert (folder / "best_model.pt").is_file()
+    from raybench import store
+
+    with pytest.MonkeyPatch.context() as mp:  # this process reads the bucket too
+        for key, value in two_nodes.env.items():
+            if key.startswith("AWS_"):
+                mp.setenv(key, value)
+        ckpt = trial["train/checkpoint"]
+        assert ckpt.startswith(f"s3://raybench/{private.name}/results/")
+        assert store.is_file(store.join(ckpt, "model.pt"))
+        summary = json.loads(proc.stdout.strip().splitlines()[-1])["raybench"]
+        assert store.is_file(store.join(summary["storage"], "results.parquet"))
 
 
 def collections_count(items):
