@@ -99,18 +99,22 @@ def test_chips_cut_from_and_into_a_uri_equal_local_ones(on_s3, tmp_path):
 
 
 def test_a_trials_files_travel_whole_and_only_into_its_folder(tmp_path, write_sweep):
-    trial = expand(load_sweep(write_sweep(TINY_SWEEP)))[0]
+    trial = expand(load_sweep(write_sweep(TINY_SWEEP), ["measure.profile_steps=1"]))[0]
     node, driver = tmp_path / "node" / "trials", tmp_path / "driver" / "trials"
     folder = Path(artifacts.artifact_dir(str(node), trial))
     (folder / "epochs").mkdir(parents=True)
     (folder / "predictions.csv").write_text("a,b\n1,2\n")
     (folder / "epochs" / "epoch_001.pt").write_bytes(b"\x00" * 1000)
+    trace = Path(artifacts.trace_path(str(node), trial))  # beside the trial's folder
+    trace.write_text("{}")
     files = artifacts.collect(str(node), trial)
-    assert sorted(rel for rel, _ in files) == [f"{folder.name}/epochs/epoch_001.pt",
-                                               f"{folder.name}/predictions.csv"]
+    assert sorted(rel for rel, _ in files) == sorted([f"{folder.name}/epochs/epoch_001.pt",
+                                                      f"{folder.name}/predictions.csv",
+                                                      trace.name])
     token = artifacts.mark(str(driver))
     assert artifacts.shared(str(driver), token) and not artifacts.shared(str(node), token)
-    assert artifacts.unpack(str(driver), files) == 1000 + 8
+    assert artifacts.unpack(str(driver), files) == 1000 + 8 + 2
+    assert (driver / trace.name).read_text() == "{}"
     assert (driver / folder.name / "predictions.csv").read_text() == "a,b\n1,2\n"
     for bad in ("../escape.txt", "/etc/x", f"{folder.name}/../../x"):
         with pytest.raises(ValueError, match="refused artefact path"):

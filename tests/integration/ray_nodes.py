@@ -106,5 +106,11 @@ class LocalCluster:
             try:
                 p.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
+                pass
+            # the whole group: under `private` the leader is the shell, which ends at once
+            # while its `ray start` is still stopping
+            try:
                 os.killpg(p.pid, signal.SIGKILL)
-                p.wait(timeout=30)
+            except ProcessLookupError:
+                pass
+            p.wait(timeout=30)
