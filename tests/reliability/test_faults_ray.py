@@ -18,7 +18,6 @@ import pytest
 from raybench.grid import expand
 from raybench.spec import load_sweep
 from tests.conftest import ROOT
-from tests.integration.ray_nodes import LocalCluster
 
 pytestmark = pytest.mark.ray
 
@@ -122,38 +121,38 @@ def _train_workers(session: int) -> list[psutil.Process]:
 
 
 # max_retries=0 gives status=lost with trial/retries 0 (passed here on 2026-11-22; left out of
-# CI for time: each case starts its own Ray head)
+# CI for time)
 @pytest.mark.parametrize("retries", [1])
 def test_worker_process_killed_mid_trial(tmp_path, retries):
-    cluster = LocalCluster()
+    """On the sweep's own embedded Ray (no cluster of the test's: one start less), whose
+    processes share the sweep process's session, so only its workers are candidates."""
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        sweep_cmd(out, "--set", "grid={batch_size: [8]}",
+                  "--set", "measure.measure_steps=null", "--set", "measure.warmup_steps=2",
+                  "--set", "measure.measure_seconds=8",
+                  "--set", f"execution.max_retries={retries}"),
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True)
     try:
-        cluster.start_head("--num-cpus=4")
-        cluster.wait_for_nodes(1)
-        session = os.getsid(cluster.procs[0].pid)
-        out = tmp_path / "run"
-        proc = subprocess.Popen(
-            sweep_cmd(out, "--address", cluster.address, "--set", "grid={batch_size: [8]}",
-                      "--set", "measure.measure_steps=null", "--set", "measure.warmup_steps=2",
-                      "--set", "measure.measure_seconds=8",
-                      "--set", f"execution.max_retries={retries}"),
-            cwd=ROOT, env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True)
         deadline = time.monotonic() + 180
         victim = None
         while victim is None and time.monotonic() < deadline and proc.poll() is None:
-            workers = [w for w in _train_workers(session) if time.time() - w.create_time() > 4]
+            workers = [w for w in _train_workers(proc.pid) if time.time() - w.create_time() > 4]
             victim = workers[0] if workers else None
             time.sleep(0.3)
         assert victim is not None, "no Ray Train worker appeared"
         victim.send_signal(signal.SIGKILL)
         log, _ = proc.communicate(timeout=300)
-        (row,) = table(out).to_dict("records")
-        if retries:
-            assert proc.returncode == 0, log[-3000:]
-            assert row["status"] == "ok" and row["trial/retries"] == 1
-            assert "died" in row["trial/retry_reasons"] or "Error" in row["trial/retry_reasons"]
-        else:
-            assert proc.returncode == 3, log[-3000:]
-            assert row["status"] == "lost" and row["trial/retries"] == 0
     finally:
-        cluster.stop()
+        if proc.poll() is None:  # a failed assertion above: end the sweep and its Ray
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    (row,) = table(out).to_dict("records")
+    if retries:
+        assert proc.returncode == 0, log[-3000:]
+        assert row["status"] == "ok" and row["trial/retries"] == 1
+        assert "died" in row["trial/retry_reasons"] or "Error" in row["trial/retry_reasons"]
+    else:
+        assert proc.returncode == 3, log[-3000:]
+        assert row["status"] == "lost" and row["trial/retries"] == 0
