@@ -143,7 +143,7 @@ class Handoff:
 class Parcels:
     """Trials' files on their way from rank 0's node to the driver (artifacts.py): rank 0
     puts them, the driver takes them before it writes the trial's row. Created by the Ray
-    runner on clusters of more than one node; its `token` is the driver's marker."""
+    runner on any cluster but an embedded one; its `token` is the driver's marker."""
 
     def __init__(self, token: str) -> None:
         self.token = token

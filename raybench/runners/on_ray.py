@@ -78,7 +78,10 @@ class RayRunner(Runner):
         if trials[0].inference is not None:
             _scenarios(self.spec, trials, done)
         else:
-            _tune(self.spec, trials, self.out, done, name, self.nodes)
+            # a cluster joined may grow nodes later (an autoscaler): only an embedded Ray is
+            # sure to be this one machine
+            _tune(self.spec, trials, self.out, done, name, self.nodes,
+                  embedded=cluster.target(self.address) is None)
 
 
 def _scenarios(spec, trials: list[TrialSpec], done: Done) -> None:
@@ -96,7 +99,7 @@ def _scenarios(spec, trials: list[TrialSpec], done: Done) -> None:
 
 
 def _tune(spec, trials: list[TrialSpec], out: Path, done: Done, name: str,
-          nodes: list[dict[str, float]]) -> None:
+          nodes: list[dict[str, float]], embedded: bool = False) -> None:
     import ray
     from ray import tune
 
@@ -128,7 +131,7 @@ def _tune(spec, trials: list[TrialSpec], out: Path, done: Done, name: str,
         log.info("isolation worker: %d trials on %d worker groups", len(trials), len(groups))
         handoff = Handoff.remote()  # a group's next trial waits until this one's row is written
     parcels = None
-    if len(nodes) > 1:  # rank 0 may run where this run directory is not: its files travel
+    if len(nodes) > 1 or not embedded:  # rank 0 may run where this run directory is not
         from raybench.trial import Parcels
 
         parcels = Parcels.remote(artifacts.mark(trials_dir))
