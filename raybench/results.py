@@ -400,8 +400,10 @@ def publish(out: Path, storage: str, sweep: str) -> str:
     pyarrow's filesystems; the Ray storage subfolder is already there. Returns where it went."""
     import pyarrow.fs as pafs
 
+    from raybench import store
+
     dest = storage_uri(storage, sweep, out.name)
-    fs, path = pafs.FileSystem.from_uri(dest if "://" in dest else str(Path(dest).resolve()))
+    fs, path = store.resolve(dest)
     fs.create_dir(path, recursive=True)
     local = pafs.LocalFileSystem()
     for item in sorted(out.resolve().rglob("*")):

@@ -124,11 +124,11 @@ def remove_tree(loc: str | Path) -> None:
         fs.delete_dir(path)
 
 
-def read_parquet(loc: str | Path, columns: list[str] | None = None):
+def read_parquet(loc: str | Path):
     import pyarrow.parquet as pq
 
     fs, path = resolve(loc)
-    return pq.read_table(path, filesystem=fs, columns=columns).to_pandas()
+    return pq.read_table(path, filesystem=fs).to_pandas()
 
 
 def write_parquet(frame, loc: str | Path) -> None:

@@ -11,8 +11,8 @@ Output: `shards/<scene_id>/strip-NNNNN.parquet` (columns scene_id, chip_index, c
 chip_col, row_off, col_off, valid_fraction, data: float32 C x H x W bytes, mask: uint8 H x W
 bytes), `chips.parquet` (one row per chip, with its shard), `chip_labels.parquet` (one row per
 label per chip, in-chip row/col and box), `errors.json` for skipped scenes. Inputs and output
-are local paths or storage URIs (`s3://bucket/chips`: data/store.py); a cluster whose nodes share
-no disk needs a URI, since a strip task writes its shard from whichever node runs it.
+are local paths or storage URIs (`s3://bucket/chips`: raybench/store.py); a cluster whose nodes
+share no disk needs a URI, since a strip task writes its shard from whichever node runs it.
 """
 
 from __future__ import annotations
@@ -88,8 +88,8 @@ def chip_scenes(scenes: str | Path, labels_csv: str | Path, out: str | Path, par
     """Chip every unfinished scene under `scenes` with Ray Data (on at most `cpus` Ray CPUs),
     or in this process with `runner="local"` (the same strip tasks one after another: for the
     Ray-free runner and for small validation sets); returns the stage's figures. `scenes`,
-    `labels_csv` and `out` are local paths or storage URIs (data/store.py): on a cluster whose
-    nodes share no disk, a URI is what every strip task and training rank can reach."""
+    `labels_csv` and `out` are local paths or storage URIs (raybench/store.py): on a cluster
+    whose nodes share no disk, a URI is what every strip task and training rank can reach."""
 
     params.validate()
     labels = read_labels(labels_csv)

@@ -29,7 +29,7 @@ class ChipSet(Dataset):
     """(image C x H x W float32, target {boxes (x1, y1, x2, y2), labels}, chip meta) items."""
 
     def __init__(self, root: str | Path, chip_size: int, channels: int):
-        self.root = store.identity(root)  # a local folder or a storage URI (data/store.py)
+        self.root = store.identity(root)  # a local folder or a storage URI (raybench/store.py)
         self.chip_size, self.channels = chip_size, channels
         chips = store.read_parquet(store.join(self.root, "chips.parquet"))
         if chips.empty:

@@ -81,7 +81,7 @@ class PreprocessSpec(BaseModel):
             if not Path(self.scenes).is_dir():
                 raise ValueError(f"scenes directory '{self.scenes}' does not exist (add "
                                  "preprocess.generate to create synthetic scenes)")
-            if not store.is_file(self.labels):
+            if not store.is_uri(self.labels) and not Path(self.labels).is_file():
                 raise ValueError(f"labels file '{self.labels}' does not exist")
         return self
 

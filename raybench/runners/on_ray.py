@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from raybench import artifacts, cluster, plan
+from raybench import artifacts, cluster, plan, store
 from raybench.columns import Metric, declare
 from raybench.grid import TrialSpec, artifact_dir
 from raybench.records import TrialOutcome, now
@@ -111,9 +111,7 @@ def _tune(spec, trials: list[TrialSpec], out: Path, done: Done, name: str,
     logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
     storage = str(out / "ray")
     if spec.output.storage:  # checkpoints go straight to shared storage
-        storage = storage_uri(spec.output.storage, spec.name, out.name, "ray")
-        if "://" not in storage:
-            storage = str(Path(storage).resolve())
+        storage = store.identity(storage_uri(spec.output.storage, spec.name, out.name, "ray"))
     trials_dir = str(out / "trials")
     execution = spec.execution
     cwd = os.getcwd()  # the sweep's relative paths are relative to where it was started

@@ -1,4 +1,4 @@
-"""Data at a local path or a storage URI (data/store.py), and a trial's files on their way to the
+"""Data at a local path or a storage URI (raybench/store.py), and a trial's files on their way to the
 driver (artifacts.py): the same chips either way, errors that name the place."""
 
 from __future__ import annotations
