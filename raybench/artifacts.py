@@ -11,10 +11,10 @@ the trial's row. Pure file handling here; the sending is Ray's and lives in tria
 
 from __future__ import annotations
 
-import os
 import secrets
 from pathlib import Path, PurePosixPath
 
+from raybench import store
 from raybench.grid import TrialSpec, artifact_dir, trace_path
 
 MARKER = ".raybench-driver"
@@ -60,10 +60,6 @@ def unpack(trials_dir: str, files: Files) -> int:
         pure = PurePosixPath(rel)
         if pure.is_absolute() or ".." in pure.parts or not pure.parts:
             raise ValueError(f"refused artefact path {rel!r}: not inside the trials folder")
-        dest = root.joinpath(*pure.parts)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(f"{dest.name}.part{os.getpid()}")
-        tmp.write_bytes(data)
-        os.replace(tmp, dest)
+        store.write_bytes(root.joinpath(*pure.parts), data)
         total += len(data)
     return total

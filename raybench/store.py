@@ -100,8 +100,12 @@ def write_bytes(loc: str | Path, data: bytes) -> None:
     if not is_uri(loc):
         Path(loc).parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(f"{loc}.tmp{os.getpid()}")
-        tmp.write_bytes(data)
-        os.replace(tmp, loc)
+        try:
+            tmp.write_bytes(data)
+            os.replace(tmp, loc)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
         return
     fs, path = resolve(loc)
     with fs.open_output_stream(path) as f:

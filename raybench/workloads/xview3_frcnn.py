@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import fcntl
 import functools
-import hashlib
 import io
 import json
 import logging
@@ -216,7 +215,7 @@ _serving_lock = threading.Lock()  # a ChipSet caches one row group: one reader a
 def serving_chips(p: FrcnnParams) -> ChipSet:
     """The validation chips, cut on first use on this node. Under a file lock: a Ray trial's
     input tasks and replicas start at once, and two cutters would rewrite the same index."""
-    from raybench.data.stage import prepare_local
+    from raybench.data.stage import prepare_local, variant_key
 
     spec = chip_spec(p, "validation")
     key = spec.model_dump_json()
@@ -224,17 +223,13 @@ def serving_chips(p: FrcnnParams) -> ChipSet:
         if key not in _serving_sets:
             # a lock on this node (a cache at a URI is shared by nodes that may cut at once:
             # they write the same bytes, and an object is replaced whole)
-            lock_path = (Path(tempfile.gettempdir()) / f"raybench-serving-{spec_tag(key)}.lock"
+            lock_path = (Path(tempfile.gettempdir()) / f"raybench-serving-{variant_key(spec)}.lock"
                          if store.is_uri(p.chips_cache) else Path(p.chips_cache) / ".serving.lock")
             lock_path.parent.mkdir(parents=True, exist_ok=True)
             with open(lock_path, "w") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)
                 _serving_sets[key] = ChipSet(prepare_local(spec), p.chip_size, len(p.channels))
         return _serving_sets[key]
-
-
-def spec_tag(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
 def read_csv(loc: str) -> pd.DataFrame:
