@@ -47,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     chips.add_argument("--chip-size", type=int, default=800)
     chips.add_argument("--cpus", type=int, help="Ray CPUs (default: all cores)")
     chips.add_argument("--seed", type=int, default=0)
+    chips.add_argument("--settle", type=float, default=5.0,
+                       help="seconds each side waits before its clock starts, so that every "
+                            "side starts on memory in the same state (docs/performance.md)")
     args = p.parse_args(argv)
     if args.cmd == "run":
         from raybench import sweep
@@ -62,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         from raybench.data.chipbench import compare
 
         result = compare(Path(args.data), args.scenes, args.size, args.chip_size, args.cpus,
-                         args.seed)
+                         args.seed, args.settle)
         print(json.dumps({"raybench_chips_bench": result}))
         return 0
     loaded = cli.load(args.sweep, args.set)

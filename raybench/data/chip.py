@@ -38,7 +38,7 @@ import pyarrow.parquet as pq
 
 from raybench import store
 from raybench.data import xview3 as x3
-from raybench.data.chipread import ChipParams, ChipReadError, read_strip, scene_shape, timed
+from raybench.data.chipread import ChipParams, ChipReadError, Scene, scene_shape, timed
 from raybench.data.draws import Draws
 from raybench.data.labels import chip_labels, read_labels
 from raybench.memory import peak_rss_mb
@@ -197,12 +197,27 @@ def _strip_batch(batch: dict[str, np.ndarray]) -> dict[str, list[str]]:
     import ray
 
     node = ray.get_runtime_context().get_node_id()  # which node cut it: the stage's spread
-    return {"result": [json.dumps({**_strip_task(json.loads(s)), "node": node})
-                       for s in batch["item"]]}
+    results, scene = [], None
+    try:
+        for s in batch["item"]:  # a block's strips are consecutive: one scene's files, open
+            item = json.loads(s)
+            if scene is None or scene.dir != item["scene_dir"]:
+                if scene:
+                    scene.close()
+                scene = Scene(item["scene_dir"])
+            results.append(json.dumps({**_strip_task(item, scene), "node": node}))
+    finally:
+        if scene:
+            scene.close()
+    return {"result": results}
 
 
-def _strip_task(item: dict[str, Any]) -> dict[str, Any]:
-    """Read one strip, write its shard all or nothing, return metadata only."""
+def _strip_task(item: dict[str, Any], scene: Scene | None = None) -> dict[str, Any]:
+    """Read one strip (from `scene`'s open files if given), write its shard all or nothing,
+    return metadata only."""
+    if scene is None:
+        with Scene(item["scene_dir"]) as own:
+            return _strip_task(item, own)
     params = ChipParams(**{**item["params"], "channels": tuple(item["params"]["channels"])})
     rel = f"shards/{item['scene_id']}/strip-{item['strip']:05d}.parquet"
     fs, shard = store.resolve(store.join(item["out"], rel))
@@ -215,7 +230,7 @@ def _strip_task(item: dict[str, Any]) -> dict[str, Any]:
     try:
         for k in range(0, len(item["cols"]), CHIPS_PER_READ):
             cols = item["cols"][k: k + CHIPS_PER_READ]
-            data, mask = read_strip(item["scene_dir"], item["strip"], cols, params, clock)
+            data, mask = scene.read(item["strip"], cols, params, clock)
             with timed(clock, "encode"):
                 rows = _chip_rows(item, cols, params.stride, mask)
                 table = pa.table({**rows, "data": _fixed_binary(data),

@@ -15,7 +15,16 @@ from rasterio.windows import Window
 
 from raybench.data import xview3 as x3
 from raybench.data.chip import chip_scenes, load_chip, read_labels
-from raybench.data.chipread import ChipParams, ChipReadError, normalize
+from raybench.data.chipread import (
+    ChipParams,
+    ChipReadError,
+    Scene,
+    _interp,
+    _interp_rows,
+    _standardize,
+    normalize,
+    read_strip,
+)
 from raybench.data.synth_xview3 import generate
 
 pytestmark = pytest.mark.ray
@@ -154,3 +163,37 @@ def test_progress_counts_strips_scenes_and_chips(data, tmp_path, caplog):
     lines = [m for m in caplog.messages if m.startswith("progress: strips")]
     assert lines and lines[-1].startswith(f"progress: strips {len(lines)}/{len(lines)} (100%)")
     assert lines[-1].endswith(f"2/2 scenes, {summary['chips']} chips")
+
+
+def test_one_scene_reused_reads_as_fresh_reads(data):
+    """A Scene's open files and reused arrays give what a fresh read gives, whichever window
+    came before: (1, [0, 1]) and (2, [1, 2]) share an array shape, the second padded past the
+    scene's bottom and right edges, then (0, [0, 1]) must overwrite that padding."""
+    scene_dir = sorted((data / "train").iterdir())[0]
+    order = [(1, [0, 1]), (2, [1, 2]), (0, [0, 1]), (2, [2]), (1, [1, 2]), (0, [2])]
+    with Scene(scene_dir) as scene:
+        for strip, cols in order:
+            got = [a.copy() for a in scene.read(strip, cols, PARAMS)]
+            want = read_strip(scene_dir, strip, cols, PARAMS)
+            np.testing.assert_array_equal(got[0], want[0])
+            np.testing.assert_array_equal(got[1], want[1])
+
+
+def test_in_place_standardising_is_bit_equal_to_normalize():
+    rng = np.random.default_rng(0)
+    raw = rng.normal(-20, 6, size=(64, 64)).astype(np.float32)
+    raw[rng.random((64, 64)) < 0.1] = x3.NODATA
+    invalid = raw == x3.NODATA
+    for channel in ("vh", "vv", "bathymetry"):
+        out = np.empty_like(raw)
+        _standardize(raw, channel, invalid, out)
+        np.testing.assert_array_equal(out, normalize(raw, channel, ~invalid, "standard"))
+
+
+def test_row_interpolation_by_segments_matches_gathering_both_neighbours():
+    rng = np.random.default_rng(1)
+    coarse = rng.normal(size=(6, 40)).astype(np.float32)
+    for start in (0, 30, 180):  # fine rows from the top, the middle, and clamped at the bottom
+        pos = np.clip((np.arange(start, start + 120) + 0.5) / x3.COARSE_FACTOR - 0.5, 0, 5)
+        np.testing.assert_allclose(_interp_rows(coarse, pos), _interp(coarse, pos, 0),
+                                   rtol=0, atol=1e-5)
