@@ -21,6 +21,7 @@ from raybench.data.chipread import (
     Scene,
     _interp,
     _interp_rows,
+    _open,
     _standardize,
     normalize,
     read_strip,
@@ -197,3 +198,20 @@ def test_row_interpolation_by_segments_matches_gathering_both_neighbours():
         pos = np.clip((np.arange(start, start + 120) + 0.5) / x3.COARSE_FACTOR - 0.5, 0, 5)
         np.testing.assert_allclose(_interp_rows(coarse, pos), _interp(coarse, pos, 0),
                                    rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("compress", [None, "deflate"])
+@pytest.mark.parametrize("tiled", [True, False])
+def test_local_rasters_read_directly_equal_what_gdal_reads(tmp_path, compress, tiled):
+    """Local files are opened with GTIFF_DIRECT_IO; GDAL falls back to its own path where that
+    does not apply (compressed, striped), and windows come back the same either way."""
+    a = np.random.default_rng(0).normal(size=(300, 340)).astype(np.float32)
+    path = tmp_path / "band.tif"
+    profile = {"driver": "GTiff", "height": 300, "width": 340, "count": 1, "dtype": "float32",
+               "tiled": tiled, **({"blockxsize": 128, "blockysize": 128} if tiled else {}),
+               **({"compress": compress} if compress else {})}
+    with rasterio.open(path, "w", **profile) as dst:
+        dst.write(a, 1)
+    with _open(str(path)) as src:
+        np.testing.assert_array_equal(src.read(1, window=Window(30, 70, 250, 200)),
+                                      a[70:270, 30:280])
