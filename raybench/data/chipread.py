@@ -194,6 +194,8 @@ def _standardize(raw: np.ndarray, channel: str, invalid: np.ndarray, out: np.nda
 
 
 def normalize(raw: np.ndarray, channel: str, valid: np.ndarray, mode: str) -> np.ndarray:
+    """One chip's channel in `mode`, as a new array: the definition. The stage writes
+    `standard` chips through `_standardize` instead, bit-equal (tests/data/test_chip.py)."""
     if mode == "reference":
         x = np.where(raw == x3.NODATA, -50.0 if channel in x3.FINE_CHANNELS else 0.0, raw)
         if channel in x3.FINE_CHANNELS:
