@@ -115,7 +115,7 @@ def chip_scenes(scenes: str | Path, labels_csv: str | Path, out: str | Path, par
     log.info("chipping: %d strips from %d scenes (%d scenes already done)", len(todo),
              len({t["scene_id"] for t in todo}), len(done))
     t0 = time.perf_counter()
-    strips = (_strip_task(t) for t in todo) if runner == "local" else _run_strips(todo, cpus)
+    strips = _strips(todo) if runner == "local" else _run_strips(todo, cpus)
     results = _with_progress(strips, todo) if todo else []
     elapsed = time.perf_counter() - t0
     metas = _finish_scenes(out, results, tag, errors, on_error)
@@ -197,27 +197,29 @@ def _strip_batch(batch: dict[str, np.ndarray]) -> dict[str, list[str]]:
     import ray
 
     node = ray.get_runtime_context().get_node_id()  # which node cut it: the stage's spread
-    results, scene = [], None
+    return {"result": [json.dumps({**r, "node": node})
+                       for r in _strips([json.loads(s) for s in batch["item"]])]}
+
+
+def _strips(items: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """Strip items in turn (a Ray Data block's, or the local runner's), each scene's files
+    opened once for its consecutive strips."""
+    scene = None
     try:
-        for s in batch["item"]:  # a block's strips are consecutive: one scene's files, open
-            item = json.loads(s)
+        for item in items:
             if scene is None or scene.dir != item["scene_dir"]:
                 if scene:
                     scene.close()
                 scene = Scene(item["scene_dir"])
-            results.append(json.dumps({**_strip_task(item, scene), "node": node}))
+            yield _strip_task(item, scene)
     finally:
         if scene:
             scene.close()
-    return {"result": results}
 
 
-def _strip_task(item: dict[str, Any], scene: Scene | None = None) -> dict[str, Any]:
-    """Read one strip (from `scene`'s open files if given), write its shard all or nothing,
-    return metadata only."""
-    if scene is None:
-        with Scene(item["scene_dir"]) as own:
-            return _strip_task(item, own)
+def _strip_task(item: dict[str, Any], scene: Scene) -> dict[str, Any]:
+    """Read one strip from `scene`'s open files, write its shard all or nothing, return
+    metadata only."""
     params = ChipParams(**{**item["params"], "channels": tuple(item["params"]["channels"])})
     rel = f"shards/{item['scene_id']}/strip-{item['strip']:05d}.parquet"
     fs, shard = store.resolve(store.join(item["out"], rel))

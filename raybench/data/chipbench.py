@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -149,15 +150,24 @@ def raybench_side(scenes: Path, labels: Path, out: Path, chip: int, cpus: int | 
         sum(1 for _ in ds.map_batches(_imports, num_cpus=1, batch_size=None).iter_rows())
         workers_start_s = time.perf_counter() - t2
         params = ChipParams(chip_size=chip, channels=CHANNELS)
-        s = chip_scenes(scenes, labels, out / "settled", params, select="all")
-        shutil.rmtree(out / "settled")  # and again at once, as the copy side does
-        s["warm_pages"] = chip_scenes(scenes, labels, out / "warm", params, select="all")
+        s = _settled_then_warm(
+            lambda folder: chip_scenes(scenes, labels, folder, params, select="all"), out)
     finally:
         ray.shutdown()
     return {**s, "ray_start_s": start_s, "ray_data_start_s": data_start_s,
             "workers_start_s": workers_start_s,
             # the figure earlier versions reported: Ray Data's session start counted in
             "chips_per_s_with_ray_data_start": s["chips"] / (s["seconds"] + data_start_s)}
+
+
+def _settled_then_warm(side: Callable[[Path], dict[str, Any]], out: Path) -> dict[str, Any]:
+    """`side` into out/settled, then at once again into out/warm, on the pages the first pass
+    freed (`warm_pages`): how this bench measured the copy before every side settled, right
+    after the baseline freed its memory."""
+    result = side(out / "settled")
+    shutil.rmtree(out / "settled")
+    result["warm_pages"] = side(out / "warm")
+    return result
 
 
 def _same(batch: dict[str, Any]) -> dict[str, Any]:
@@ -219,11 +229,7 @@ def _side_main(argv: list[str]) -> None:
     if side == "baseline":
         result = baseline(data / "train", out, chip)
     elif side == "copy":
-        result = copy_limit(data / "train", out / "settled", chip)
-        # again at once, into the pages the first pass just freed: how this bench measured the
-        # copy before every side settled (right after the baseline freed its memory)
-        shutil.rmtree(out / "settled")
-        result["warm_pages"] = copy_limit(data / "train", out / "warm", chip)
+        result = _settled_then_warm(lambda folder: copy_limit(data / "train", folder, chip), out)
     else:
         result = raybench_side(data / "train", data / "labels" / "train.csv", out, chip,
                                cpus or None, settle)
