@@ -71,6 +71,8 @@ TRAIN_ENV = {
     "RAY_TRAIN_METRICS_ENABLED": "0",
 }
 
+PG_TIMEOUT_S = 1800  # ray.train.torch.TorchConfig's default, for the groups _regroup forms too
+
 
 def train_loop(config: dict[str, Any]) -> list[RankRecord] | None:
     """Runs on every Ray Train worker: the trials of its worker group one after another (one
@@ -151,9 +153,6 @@ def _regroup(size: int, config: dict[str, Any], n: int) -> None:
     os.environ["WORLD_SIZE"] = str(size)  # as torchrun and Ray Train set it
 
 
-PG_TIMEOUT_S = 1800  # ray.train.torch.TorchConfig's default for the group it forms
-
-
 def _free_address() -> str:
     ip = ray.util.get_node_ip_address()
     with socket.socket() as s:
@@ -162,8 +161,8 @@ def _free_address() -> str:
 
 
 def _sit_out(config: dict[str, Any], n: int) -> None:
-    """A rank trial `n` does not use waits in a blocking call (no CPU, no GPU work beside the
-    trial's ranks) until the trial's row is written, as rank 0 does before the next trial. No
+    """A rank that trial `n` does not use waits in a blocking call (no CPU, no GPU work beside
+    the trial's ranks) until the trial's row is written, as rank 0 does before the next trial. No
     deadline: a trial that fails or passes its time limit ends the whole group."""
     ray.get(config["handoff"].wait.remote(config["positions"][n]))
 
@@ -381,7 +380,7 @@ def run_group(trials: list[TrialSpec], storage: str, trials_dir: str, execution:
         box: dict[str, Any] = {}
         fit_start, mono = time.time(), time.monotonic()
         group = [trials[i] for i in pending]
-        ranks = _ranks(group)
+        ranks = _widest(group).hardware.world_size
         trainer = _trainer(group, queue, storage, trials_dir, execution, cwd, strategy, attempt,
                            # sweep positions, for the driver's word on rows
                            handoff=handoff, positions=[positions[i] for i in pending],
@@ -467,9 +466,9 @@ def _reason(out: TrialOutcome) -> str:
     return " ".join((out.error or "").splitlines()[:2])[:300]
 
 
-def _ranks(trials: list[TrialSpec]) -> int:
-    """A worker group's ranks: its widest trial's (plan.worker_groups)."""
-    return max(t.hardware.world_size for t in trials)
+def _widest(trials: list[TrialSpec]) -> TrialSpec:
+    """The trial whose ranks a worker group has (plan.worker_groups)."""
+    return max(trials, key=lambda t: t.hardware.world_size)
 
 
 def _finish(out: TrialOutcome, lost: list[str], strategy: str, execution: ExecutionSpec,
@@ -508,7 +507,7 @@ def _trainer(trials: list[TrialSpec], queue: Any, storage: str, trials_dir: str,
         os.environ.setdefault(key, value)  # a user's own setting wins
     os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = str(execution.start_timeout_s)
     first = trials[0]
-    widest = max(trials, key=lambda t: t.hardware.world_size)  # the group's ranks
+    widest = _widest(trials)
     hw = widest.hardware
     per_worker = dict(widest.resources()["per_worker"])
     if execution.concurrency == "per_node":
