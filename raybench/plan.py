@@ -131,16 +131,11 @@ def worker_groups(trials: list[TrialSpec], strategies: dict[str, str], isolation
                   limit: int) -> list[list[int]]:
     """Which trials share a worker group, as positions in `trials`, each group in grid order.
 
-    `process`: every trial alone. `worker`: trials of one shape (resources per worker,
-    placement strategy, hardware.env: what a worker group is started with) share a group.
-    Where trials run one at a time (`limit` 1) and are packed, trials of different rank
-    counts share one group of the most ranks: a trial of fewer runs on the group's first ranks
-    (trial.train_loop forms its process group), the others wait, holding resources no other
-    trial could use meanwhile. Spread trials keep a group per rank count (a spread group's first
-    ranks are not a spread placement of fewer), and where `limit` trials may run at once, a
-    shape's trials are dealt over up to `limit` groups so the sweep stays as parallel as
-    before. A trial that keeps a checkpoint runs alone: Ray Train hands back one checkpoint
-    per run."""
+    `process`: every trial alone. `worker`: trials of one shape (workers, resources per
+    worker, placement strategy, hardware.env: what a worker group is started with) share a
+    group; where `limit` trials may run at once, a shape's trials are dealt over up to `limit`
+    groups so the sweep stays as parallel as before. A trial that keeps a checkpoint runs alone:
+    Ray Train hands back one checkpoint per run."""
     from raybench import workloads
 
     if isolation == "process":
@@ -152,9 +147,8 @@ def worker_groups(trials: list[TrialSpec], strategies: dict[str, str], isolation
             alone.append([i])
             continue
         res = t.resources()
-        packed = limit == 1 and strategies[t.key] == "PACK"
-        shape = (None if packed else res["workers"], tuple(sorted(res["per_worker"].items())),
-                 strategies[t.key], tuple(sorted(t.hardware.env.items())))
+        shape = (res["workers"], tuple(sorted(res["per_worker"].items())), strategies[t.key],
+                 tuple(sorted(t.hardware.env.items())))
         shapes.setdefault(shape, []).append(i)
     out = []
     for members in shapes.values():

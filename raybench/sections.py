@@ -152,14 +152,11 @@ class ExecutionSpec(Strict):
         "a trial past it ends as status=timeout (default: none)")
     isolation: Literal["process", "worker"] = Field(
         "process", description="process: every trial on fresh worker processes (a Ray Train "
-        "worker group of its own); worker: trials of the same shape (resources per worker, "
+        "worker group of its own); worker: trials of the same shape (workers, resources, "
         "placement, hardware.env) run one after another on one worker group, each with a fresh "
         "model and data, memory peaks and allocator caches reset, saving the group's start-up "
-        "(seconds per trial); with trials one at a time on packed placements the group has the "
-        "most ranks of its trials, and a trial of fewer runs on its first ranks over a process "
-        "group of its own while the others wait idle. A trial that fails ends its group and the "
-        "next starts fresh. Trials that keep a checkpoint always run alone. The row says which "
-        "(trial/isolation, trial/group_ranks)")
+        "(seconds per trial); a trial that fails ends its group and the next starts fresh. "
+        "Trials that keep a checkpoint always run alone. The row says which (trial/isolation)")
 
 
 class MlflowSpec(Strict):

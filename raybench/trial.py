@@ -15,12 +15,10 @@ import gc
 import json
 import logging
 import os
-import socket
 import sys
 import threading
 import time
 from collections.abc import Iterator
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -57,9 +55,6 @@ declare(
            "or worker (a worker group shared by trials of one shape)"),
     Metric("trial/group_position", "count", "trials the worker group ran before this one "
            "(0: this trial started its workers and carries their start-up)"),
-    Metric("trial/group_ranks", "count", "ranks of the worker group the trial ran on: its own, "
-           "or more where it shared a group with wider trials (it ran on the first ranks, the "
-           "others waited idle)"),
     Metric("cluster/placement_strategy", "text", "the worker group's placement strategy"),
     Metric("cluster/concurrency", "text", "execution.concurrency"),
     Metric("train/checkpoint", "text", "where Ray Train kept rank 0's checkpoint"),
@@ -71,16 +66,13 @@ TRAIN_ENV = {
     "RAY_TRAIN_METRICS_ENABLED": "0",
 }
 
-PG_TIMEOUT_S = 1800  # ray.train.torch.TorchConfig's default, for the groups _regroup forms too
-
 
 def train_loop(config: dict[str, Any]) -> list[RankRecord] | None:
     """Runs on every Ray Train worker: the trials of its worker group one after another (one
     trial under process isolation). With one trial, rank 0's return value carries all ranks'
     records; with several, rank 0 hands each trial's records to the Tune trial through
     `config["queue"]` as the trial ends (a "start" message before it), and the next trial
-    builds everything afresh in the same processes. A trial of fewer ranks than the group runs
-    on its first ranks, over a process group of its own (`_regroup`); the rest sit it out."""
+    builds everything afresh in the same processes."""
     entry = time.time()
     trials: list[TrialSpec] = config["trials"]  # validated once, at expansion; pickled
     queue = config.get("queue")
@@ -89,15 +81,8 @@ def train_loop(config: dict[str, Any]) -> list[RankRecord] | None:
         # trial directory Tune may have moved this process tree into
         os.chdir(config["cwd"])
     records = None
-    size = ray.train.get_context().get_world_size()  # the process group Ray Train formed
     for n, trial in enumerate(trials):
         start = entry if n == 0 else time.time()
-        if trial.hardware.world_size != size:  # a trial of fewer ranks, or the one after it
-            size = trial.hardware.world_size
-            _regroup(size, config, n)
-        if ray.train.get_context().get_world_rank() >= size:
-            _sit_out(config, n)  # this trial runs on the group's first ranks
-            continue
         stamps = ({"process_start": process_start(), "imported": IMPORTED_AT,
                    "loop_entry": entry} if n == 0 else {"loop_entry": start})
         ctx = _context(trial, config, stamps)
@@ -132,74 +117,26 @@ def train_loop(config: dict[str, Any]) -> list[RankRecord] | None:
     return records
 
 
-def _regroup(size: int, config: dict[str, Any], n: int) -> None:
-    """Every rank of the group, before trial `n`: the default process group becomes one over
-    the group's first `size` ranks (the ranks that sit the trial out leave it). A fresh group,
-    as Ray Train forms one (same backend and timeout), met at an address rank 0 offers through
-    the Handoff actor: the ranks that sat out the last trial have no group to talk through."""
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    rank = ray.train.get_context().get_world_rank()
-    if rank >= size:
-        return
-    handoff, position = config["handoff"], config["positions"][n]
-    if rank == 0:
-        handoff.offer.remote(position, _free_address())
-    address = ray.get(handoff.address.remote(position))
-    dist.init_process_group(config["backend"], init_method=address, rank=rank,
-                            world_size=size, timeout=timedelta(seconds=PG_TIMEOUT_S))
-    os.environ["WORLD_SIZE"] = str(size)  # as torchrun and Ray Train set it
-
-
-def _free_address() -> str:
-    ip = ray.util.get_node_ip_address()
-    with socket.socket() as s:
-        s.bind((ip, 0))
-        return f"tcp://{ip}:{s.getsockname()[1]}"
-
-
-def _sit_out(config: dict[str, Any], n: int) -> None:
-    """A rank that trial `n` does not use waits in a blocking call (no CPU, no GPU work beside
-    the trial's ranks) until the trial's row is written, as rank 0 does before the next trial. No
-    deadline: a trial that fails or passes its time limit ends the whole group."""
-    ray.get(config["handoff"].wait.remote(config["positions"][n]))
-
-
 @ray.remote(num_cpus=0)
 class Handoff:
-    """The driver's word that a trial's row is on disk, and where a trial's process group
-    meets (both keyed by the trials' sweep positions).
+    """The driver's word that a trial's row is on disk (sweep positions of the trials).
 
-    A worker group's next trial waits for the word: writing a row (table, trial file, the
-    history table, which grows with every sweep) takes the driver's CPU, and on a small machine
-    that would land inside the next trial's measured window. Under process isolation the next
-    trial's start-up covers it. Ranks a trial does not use wait for it too (trial._sit_out)."""
+    A worker group's next trial waits for it: writing a row (table, trial file, the history
+    table, which grows with every sweep) takes the driver's CPU, and on a small machine that
+    would land inside the next trial's measured window. Under process isolation the next
+    trial's start-up covers it."""
 
     def __init__(self) -> None:
         self._written: dict[int, asyncio.Event] = {}
-        self._addresses: dict[int, asyncio.Future] = {}
 
     def _event(self, position: int) -> asyncio.Event:
         return self._written.setdefault(position, asyncio.Event())
-
-    def _address(self, position: int) -> asyncio.Future:
-        if position not in self._addresses:
-            self._addresses[position] = asyncio.get_running_loop().create_future()
-        return self._addresses[position]
 
     async def written(self, position: int) -> None:
         self._event(position).set()
 
     async def wait(self, position: int) -> None:
         await self._event(position).wait()
-
-    async def offer(self, position: int, address: str) -> None:
-        self._address(position).set_result(address)
-
-    async def address(self, position: int) -> str:
-        return await self._address(position)
 
 
 @ray.remote(num_cpus=0)
@@ -250,8 +187,7 @@ def _context(trial: TrialSpec, config: dict[str, Any], stamps: dict[str, float]
     logical = config.get("logical_gpus", False)
     return WorkerContext(
         rank=tctx.get_world_rank(), local_rank=tctx.get_local_rank(),
-        world_size=trial.hardware.world_size,  # the group may have more (plan.worker_groups)
-        node_rank=tctx.get_node_rank(),
+        world_size=tctx.get_world_size(), node_rank=tctx.get_node_rank(),
         device=torch.device("cpu") if logical else ray.train.torch.get_device(),
         hardware=trial.hardware,
         node_id=rt.get_node_id(), node_ip=ray.util.get_node_ip_address(),
@@ -356,14 +292,13 @@ def run_trial(trial: TrialSpec, storage: str, trials_dir: str, execution: Execut
             continue
         if trial_start is not None:  # a retried trial's fixed cost includes its lost attempts
             out.stamps["trial_start"] = trial_start
-        return _finish(out, lost, strategy, execution, 0, trial.hardware.world_size)
+        return _finish(out, lost, strategy, execution, position=0)
 
 
 def run_group(trials: list[TrialSpec], storage: str, trials_dir: str, execution: ExecutionSpec,
               cwd: str | None, strategy: str, trial_start: float, handoff: Any,
               positions: list[int], parcels: Any = None) -> Iterator[tuple[int, TrialOutcome]]:
-    """Fit one worker group for `trials` (plan.worker_groups: one shape; the group has the
-    widest trial's ranks) and yield
+    """Fit one worker group for `trials` (same shape: plan.worker_groups) and yield
     (position, outcome) as each trial ends. A trial that fails ends its group (its other ranks
     may be waiting for it in a collective, and a process that ran out of memory or raised is
     not one to measure in again): it becomes a row, or is retried on fresh workers when a
@@ -380,7 +315,6 @@ def run_group(trials: list[TrialSpec], storage: str, trials_dir: str, execution:
         box: dict[str, Any] = {}
         fit_start, mono = time.time(), time.monotonic()
         group = [trials[i] for i in pending]
-        ranks = _widest(group).hardware.world_size
         trainer = _trainer(group, queue, storage, trials_dir, execution, cwd, strategy, attempt,
                            # sweep positions, for the driver's word on rows
                            handoff=handoff, positions=[positions[i] for i in pending],
@@ -406,8 +340,7 @@ def run_group(trials: list[TrialSpec], storage: str, trials_dir: str, execution:
             out.stamps = {"trial_start": begin, "fit_end": end}
             if n == 0:  # the group's first trial carries its start-up
                 out.stamps["fit_start"] = fit_start
-            yield pending[n], _finish(out, lost.get(pending[n], []), strategy, execution, n,
-                                      ranks)
+            yield pending[n], _finish(out, lost.get(pending[n], []), strategy, execution, n)
             begin, finished = end, n + 1
         thread.join()
         queue.shutdown()
@@ -428,7 +361,7 @@ def run_group(trials: list[TrialSpec], storage: str, trials_dir: str, execution:
                         trials[i].index, trials[i].key, len(reasons), execution.max_retries)
             pending = pending[finished:]
             continue
-        yield i, _finish(out, reasons, strategy, execution, finished, ranks)
+        yield i, _finish(out, reasons, strategy, execution, finished)
         begin = time.time()
         pending = pending[finished + 1:]
 
@@ -466,13 +399,8 @@ def _reason(out: TrialOutcome) -> str:
     return " ".join((out.error or "").splitlines()[:2])[:300]
 
 
-def _widest(trials: list[TrialSpec]) -> TrialSpec:
-    """The trial whose ranks a worker group has (plan.worker_groups)."""
-    return max(trials, key=lambda t: t.hardware.world_size)
-
-
 def _finish(out: TrialOutcome, lost: list[str], strategy: str, execution: ExecutionSpec,
-            position: int, ranks: int) -> TrialOutcome:
+            position: int) -> TrialOutcome:
     """The row fields every Ray Train trial carries, whatever became of it."""
     if out.ok:
         out.metrics.update(overhead.fixed_cost(out.records, out.stamps))
@@ -480,7 +408,6 @@ def _finish(out: TrialOutcome, lost: list[str], strategy: str, execution: Execut
         out.metrics["cluster/concurrency"] = execution.concurrency
     out.metrics["trial/isolation"] = execution.isolation
     out.metrics["trial/group_position"] = position
-    out.metrics["trial/group_ranks"] = ranks
     out.metrics["trial/retries"] = len(lost)
     if lost:
         out.metrics["trial/retry_reasons"] = " | ".join(lost)
@@ -498,8 +425,7 @@ def _worker_env(trial: TrialSpec, execution: ExecutionSpec) -> dict[str, str]:
 def _trainer(trials: list[TrialSpec], queue: Any, storage: str, trials_dir: str,
              execution: ExecutionSpec, cwd: str | None, strategy: str,
              attempt: int, **config: Any) -> TorchTrainer:
-    """One TorchTrainer for `trials` (one, or a worker group's: one shape, the widest trial's
-    ranks). `storage`
+    """One TorchTrainer for `trials` (one, or a worker group's, all of one shape). `storage`
     is Ray Train's storage path (a local folder or a URI), `trials_dir` where rank 0 writes
     traces and artefacts (on its own node), `strategy` the placement (plan.strategy), `queue`
     where rank 0 hands a group's outcomes over (None: one trial, through its return value)."""
@@ -507,9 +433,8 @@ def _trainer(trials: list[TrialSpec], queue: Any, storage: str, trials_dir: str,
         os.environ.setdefault(key, value)  # a user's own setting wins
     os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = str(execution.start_timeout_s)
     first = trials[0]
-    widest = _widest(trials)
-    hw = widest.hardware
-    per_worker = dict(widest.resources()["per_worker"])
+    hw = first.hardware
+    per_worker = dict(first.resources()["per_worker"])
     if execution.concurrency == "per_node":
         # the workers of a trial share one node's token between them, so no other trial's
         # workers can join that node (shares rounded down: Ray counts resources in 1e-4 units)
@@ -517,15 +442,14 @@ def _trainer(trials: list[TrialSpec], queue: Any, storage: str, trials_dir: str,
     name = f"trial_{first.index:04d}_{first.key}"
     if len(trials) > 1:
         name = f"group_{first.index:04d}_{first.key}_{len(trials)}"
-    backend = "nccl" if hw.use_gpu and not execution.logical_gpus else "gloo"
     return TorchTrainer(
         train_loop,
         # traces and artefacts land beside the trial JSONs, on rank 0's node
         train_loop_config={"trials": trials, "queue": queue, "trace_dir": trials_dir,
                            "cwd": cwd, "logical_gpus": execution.logical_gpus,
-                           "timeout_s": execution.trial_timeout_s, "backend": backend,
-                           **config},
-        torch_config=TorchConfig(backend=backend, timeout_s=PG_TIMEOUT_S),
+                           "timeout_s": execution.trial_timeout_s, **config},
+        torch_config=TorchConfig(
+            backend="nccl" if hw.use_gpu and not execution.logical_gpus else "gloo"),
         scaling_config=ray.train.ScalingConfig(
             num_workers=hw.world_size, use_gpu=hw.use_gpu, resources_per_worker=per_worker,
             placement_strategy=strategy,
@@ -538,6 +462,6 @@ def _trainer(trials: list[TrialSpec], queue: Any, storage: str, trials_dir: str,
             # (controller_failure_limit defaults to -1 in Ray 2.60).
             failure_config=ray.train.FailureConfig(max_failures=0, controller_failure_limit=0),
             # set as the worker processes start, before CUDA or NCCL read them
-            worker_runtime_env={"env_vars": _worker_env(widest, execution)},
+            worker_runtime_env={"env_vars": _worker_env(first, execution)},
         ),
     )

@@ -79,20 +79,18 @@ def test_worker_groups_share_workers_by_shape_only(write_sweep):
         grid: {cpu_workers: [1, 2], batch_size: [4, 8, 16]}
         """))
     ts = expand(spec)
-    ranks = {i: t.hardware.cpu_workers for i, t in enumerate(ts)}
+    shape = {i: t.hardware.cpu_workers for i, t in enumerate(ts)}
     strategies = {t.key: "PACK" for t in ts}
     # process isolation: every trial starts its own workers
     assert worker_groups(ts, strategies, "process", 1) == [[i] for i in range(len(ts))]
-    # worker, one trial at a time, packed: one group of the most ranks for every rank count
-    assert worker_groups(ts, strategies, "worker", 1) == [list(range(len(ts)))]
-    # room for two trials at once: a group per rank count, each dealt over two groups
-    groups = worker_groups(ts, strategies, "worker", 2)
-    assert sorted(map(len, groups)) == [1, 1, 2, 2]
+    # worker: one group per shape, grid order kept inside it
+    groups = worker_groups(ts, strategies, "worker", 1)
+    assert sorted(i for g in groups for i in g) == list(range(len(ts)))
+    assert len(groups) == 2
     for g in groups:
-        assert g == sorted(g) and len({ranks[i] for i in g}) == 1
-    # spread: a spread group's first ranks are not a spread placement of fewer
-    spread = worker_groups(ts, {t.key: "SPREAD" for t in ts}, "worker", 1)
-    assert len(spread) == 2 and all(len({ranks[i] for i in g}) == 1 for g in spread)
+        assert g == sorted(g) and len({shape[i] for i in g}) == 1
+    # room for two trials at once: each shape dealt over two groups
+    assert sorted(map(len, worker_groups(ts, strategies, "worker", 2))) == [1, 1, 2, 2]
     # a different placement or environment is a different worker group
     strategies[ts[0].key] = "SPREAD"
     assert [0] in worker_groups(ts, strategies, "worker", 1)
