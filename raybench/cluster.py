@@ -11,7 +11,6 @@ import os
 from typing import Any
 
 import ray
-import torch
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +30,8 @@ def local_shape() -> dict[str, float]:
     workers run, and Ray places by logical counts, so without it a trial asking for every
     core could never start on a small machine (the 2-core CI runner).
     """
+    import torch  # here, not at the top: Tune's trial processes import this module (plan.py)
+
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     return {"CPU": float((os.cpu_count() or 1) + 1), "GPU": float(gpus)}
 

@@ -6,7 +6,9 @@ peak table. Conventions: a multiply-add counts as 2 FLOPs, as
 torch's counter and the GPU datasheets do (papers that quote ResNet-50 at "4.1 GFLOPs" count
 multiply-adds); a training step is forward + backward as counted, not a 3x rule of thumb. MFU is
 None, never 0, when the GPU or the precision is not in the table. One formula of torch's is
-replaced: its convolution backward ignores `groups` (see _conv_backward_flop).
+replaced: its convolution backward ignores `groups` (see _conv_backward_flop). torch is imported
+where counting runs: the peak table and `mfu` are read where torch is never loaded (Tune's trial
+process, through metrics).
 """
 
 from __future__ import annotations
@@ -14,10 +16,11 @@ from __future__ import annotations
 import copy
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch.utils.flop_counter import FlopCounterMode, conv_flop_count
+if TYPE_CHECKING:
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
 
 # Dense (no sparsity) peak TFLOP/s per GPU by precision, from NVIDIA's datasheets, which quote
 # tensor-core figures "with sparsity": the dense figure is half of it. "fp32" is plain FP32 on the
@@ -90,11 +93,16 @@ def _conv_backward_flop(grad_out_shape, x_shape, w_shape, _bias, _stride, _paddi
     the weight gradient as a dense convolution of the transposed input and gradient, ignoring
     groups: a depthwise 3x3 over 64 channels counted 65x its forward, EfficientNet-B0's
     training step 32.2 GFLOPs instead of 2.3."""
+    from torch.utils.flop_counter import conv_flop_count
+
     forward = conv_flop_count(x_shape, w_shape, grad_out_shape, transposed=transposed)
     return forward * (int(bool(output_mask[0])) + int(bool(output_mask[1])))
 
 
 def _counter() -> FlopCounterMode:
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
     return FlopCounterMode(display=False, custom_mapping={
         torch.ops.aten.convolution_backward: _conv_backward_flop})
 
@@ -104,6 +112,8 @@ def flops_per_sample(model: torch.nn.Module, example: torch.Tensor, train: bool)
 
     The copy is made with every parameter and buffer pre-mapped to a meta tensor, so counting
     never duplicates the weights on the GPU or in host memory (a 600M-parameter ViT would)."""
+    import torch
+
     memo: dict[int, torch.Tensor] = {}
     for p in model.parameters():
         memo[id(p)] = torch.nn.Parameter(torch.empty_like(p, device="meta"), p.requires_grad)

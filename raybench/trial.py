@@ -1,52 +1,43 @@
-"""One trial on Ray Train: a TorchTrainer (DDP over fresh workers), its outcome as row fields.
+"""One trial on Ray Train: DDP over a Ray Train worker group, its outcome as row fields.
 
 Owns the Ray Train V2 driver pattern (this runs inside a Tune function trial), the settings that
 keep a trial from hanging (no controller retries, a short worker-group start deadline, a
 wall-clock watchdog in every worker), and the retry of a trial whose worker process died. Ray
 Train's own `max_failures` is kept at 0: its policy retries any worker-group error, a Python
-exception or an out-of-memory included, and a benchmark must not rerun those. Does not own the
-Tune grid (sweep.py) or the timed loop (worker.py).
+exception or an out-of-memory included, and a benchmark must not rerun those. The trainer is
+Ray Train's data-parallel trainer with raybench's torch.distributed backend (process_group.py):
+what `TorchTrainer` runs, without torch in the Tune trial's and the controller's processes.
+This module imports no torch for that reason; what the ranks run is rank.py. Does not own the
+Tune grid (runners/on_ray.py) or the timed loop (worker.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 import logging
 import os
-import sys
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import ray
 import ray.train
-import ray.train.torch
-import torch
-from ray.train.torch import TorchConfig, TorchTrainer
+from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
-from raybench import artifacts, fabric, metrics, workloads
+from raybench import artifacts, fabric, metrics
 from raybench.columns import Metric, declare
-from raybench.context import WorkerContext, process_start
 from raybench.failures import failure
-from raybench.grid import TrialSpec, artifact_dir, trace_path
+from raybench.grid import TrialSpec
 from raybench.metrics import overhead
 from raybench.plan import NODE_TOKEN
-from raybench.records import RankRecord, TrialOutcome, now
-from raybench.sections import ExecutionSpec
-from raybench.worker import run_worker
+from raybench.process_group import ProcessGroupConfig
+from raybench.records import TrialOutcome, now
+from raybench.sections import ExecutionSpec, HardwareSpec
 
-# Read by the Train controller, which inherits them from this process (ENV_VARS_TO_PROPAGATE).
-# The health-check poll is also how fast the end of a run is noticed: the 2 s default adds
-# seconds to every trial. Preemption watching is for spot instances, not benchmark nodes.
 log = logging.getLogger(__name__)
-
-# When this module was first imported in this process: on a Ray Train worker, the end of the
-# imports its train function needs (ray.train, torch, raybench), for the fixed-cost breakdown.
-IMPORTED_AT = time.time()
 
 declare(
     Metric("trial/retries", "count", "attempts lost to a dead worker and retried"),
@@ -60,6 +51,9 @@ declare(
     Metric("train/checkpoint", "text", "where Ray Train kept rank 0's checkpoint"),
 )
 
+# Read by the Train controller, which inherits them from this process (ENV_VARS_TO_PROPAGATE).
+# The health-check poll is also how fast the end of a run is noticed: the 2 s default adds
+# seconds to every trial. Preemption watching is for spot instances, not benchmark nodes.
 TRAIN_ENV = {
     "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",
     "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
@@ -67,54 +61,33 @@ TRAIN_ENV = {
 }
 
 
-def train_loop(config: dict[str, Any]) -> list[RankRecord] | None:
-    """Runs on every Ray Train worker: the trials of its worker group one after another (one
-    trial under process isolation). With one trial, rank 0's return value carries all ranks'
-    records; with several, rank 0 hands each trial's records to the Tune trial through
-    `config["queue"]` as the trial ends (a "start" message before it), and the next trial
-    builds everything afresh in the same processes."""
-    entry = time.time()
-    trials: list[TrialSpec] = config["trials"]  # validated once, at expansion; pickled
-    queue = config.get("queue")
-    if config.get("cwd") and os.path.isdir(config["cwd"]):
-        # relative paths in a sweep (data, chip caches) mean the sweep's directory, not the
-        # trial directory Tune may have moved this process tree into
-        os.chdir(config["cwd"])
-    records = None
-    for n, trial in enumerate(trials):
-        start = entry if n == 0 else time.time()
-        stamps = ({"process_start": process_start(), "imported": IMPORTED_AT,
-                   "loop_entry": entry} if n == 0 else {"loop_entry": start})
-        ctx = _context(trial, config, stamps)
-        if queue is not None and ctx.rank == 0:
-            queue.put(("start", n, start))
-        watchdog = _watchdog(config.get("timeout_s"))  # per trial, from its start
-        try:
-            records = run_worker(trial, ctx)
-        finally:
-            if watchdog:
-                watchdog.cancel()
-        if workloads.get(trial.workload_name).saves_checkpoint(trial.workload):
-            # (such a trial always runs alone: plan.worker_groups) Every rank reports exactly
-            # once (a rank that skipped it would hang the group), after the timed run; rank 0
-            # hands over the best epoch's weights as a Ray Train checkpoint.
-            folder = Path(ctx.artifact_dir or "") / "checkpoint"
-            keep = ctx.rank == 0 and ctx.artifact_dir is not None and folder.is_dir()
-            ray.train.report({"checkpointed": keep},
-                             checkpoint=ray.train.Checkpoint.from_directory(str(folder))
-                             if keep else None)
-        if records and config.get("parcels") is not None:  # nodes may share no disk
-            _send_files(config["parcels"], trial, config["trace_dir"])
-        if records:  # rank 0: when its part ended, for the teardown that follows
-            records[0].stamps["loop_exit"] = time.time()
-        if queue is not None:
-            if records:
-                queue.put(("done", n, records))
-                if n + 1 < len(trials):
-                    _wait_for_row(config["handoff"], config["positions"][n])
-            records = None
-            _release(ctx)
-    return records
+@dataclass(frozen=True)
+class TrialRef:
+    """A trial as the Tune trial process and the Train controller hold it: what starting its
+    ranks takes, and its TrialSpec by reference, loaded on the ranks. A TrialSpec's workload
+    parameters are a class of the workload's own module, which imports torch and its model
+    library: 2.7 s of a core wherever one is unpickled, in processes that never run a step."""
+
+    index: int
+    key: str
+    hardware: HardwareSpec
+    resources: dict[str, Any]  # TrialSpec.resources()
+    spec: ray.ObjectRef
+
+    @classmethod
+    def of(cls, trial: TrialSpec) -> TrialRef:
+        return cls(trial.index, trial.key, trial.hardware, trial.resources(), ray.put(trial))
+
+
+def train_loop(config: dict[str, Any]) -> TrialOutcome | None:
+    """Ray Train's function on every rank: rank.run_trials, the group's trials in turn.
+
+    Only this stub is what the Tune trial process holds (it pickles the function by reference,
+    so it imports the module that defines it): the ranks' module, with torch and the
+    workloads, is loaded where it runs."""
+    from raybench.rank import run_trials
+
+    return run_trials(config)
 
 
 @ray.remote(num_cpus=0)
@@ -159,76 +132,7 @@ class Parcels:
         return self._files.pop(name, [])
 
 
-def _send_files(parcels: Any, trial: TrialSpec, trials_dir: str) -> None:
-    """Rank 0, after a trial: its files to the driver, unless the driver's folder is here."""
-    token = ray.get(parcels.get_token.remote())
-    if artifacts.shared(trials_dir, token):
-        return
-    files = artifacts.collect(trials_dir, trial)
-    if files:
-        ray.get(parcels.put.remote(Path(artifact_dir(trials_dir, trial)).name, files))
-
-
-ROW_WAIT_S = 120.0  # past this the driver is stuck elsewhere; the group goes on regardless
-
-
-def _wait_for_row(handoff: Any, position: int) -> None:
-    try:
-        ray.get(handoff.wait.remote(position), timeout=ROW_WAIT_S)
-    except ray.exceptions.GetTimeoutError:
-        log.warning("no word from the driver %g s after trial %d ended; going on",
-                    ROW_WAIT_S, position)
-
-
-def _context(trial: TrialSpec, config: dict[str, Any], stamps: dict[str, float]
-             ) -> WorkerContext:
-    tctx = ray.train.get_context()
-    rt = ray.get_runtime_context()
-    logical = config.get("logical_gpus", False)
-    return WorkerContext(
-        rank=tctx.get_world_rank(), local_rank=tctx.get_local_rank(),
-        world_size=tctx.get_world_size(), node_rank=tctx.get_node_rank(),
-        device=torch.device("cpu") if logical else ray.train.torch.get_device(),
-        hardware=trial.hardware,
-        node_id=rt.get_node_id(), node_ip=ray.util.get_node_ip_address(),
-        accelerator_ids=[str(g) for g in rt.get_accelerator_ids().get("GPU", [])],
-        trace_path=trace_path(config["trace_dir"], trial),
-        artifact_dir=artifact_dir(config["trace_dir"], trial),
-        stamps=stamps,
-    )
-
-
-def _release(ctx: WorkerContext) -> None:
-    """Between two trials in one process: nothing of the last one may stay behind. Its
-    workload was local to the timed loop; collect what cycles kept, give cached CUDA blocks
-    back (the next trial resets its peaks on an empty cache), drop compiled graphs."""
-    gc.collect()
-    if ctx.is_cuda:
-        torch.cuda.empty_cache()
-    if "torch._dynamo" in sys.modules:
-        torch._dynamo.reset()
-
-
-def _watchdog(limit_s: float | None) -> threading.Timer | None:
-    """End this worker process when the trial's time is up.
-
-    A rank stuck in a collective or a long kernel cannot be interrupted from Python, so the
-    process exits; the driver sees the attempt outlive its limit and records a timeout."""
-    if not limit_s:
-        return None
-
-    def expire() -> None:
-        print(f"raybench: trial past execution.trial_timeout_s={limit_s:g} s, ending this "
-              "worker", file=sys.stderr, flush=True)
-        os._exit(124)  # timeout(1)'s code; nothing else may run, a hung thread included
-
-    timer = threading.Timer(limit_s, expire)
-    timer.daemon = True
-    timer.start()
-    return timer
-
-
-def tune_entry(config: dict[str, Any], trials: list[TrialSpec], groups: list[list[int]],
+def tune_entry(config: dict[str, Any], trials: list[TrialRef], groups: list[list[int]],
                storage: str, trials_dir: str, execution: ExecutionSpec, cwd: str,
                strategies: dict[str, str], handoff: Any = None, parcels: Any = None) -> None:
     """One Tune function trial: run one worker group's trials (plan.worker_groups; one trial
@@ -257,15 +161,7 @@ def tune_entry(config: dict[str, Any], trials: list[TrialSpec], groups: list[lis
                      "raybench_outcome": json.dumps(outcome.to_dict())})
 
 
-def _worker_env(trial: TrialSpec, execution: ExecutionSpec) -> dict[str, str]:
-    """The workers' environment: NCCL's debug file where ranks talk over NCCL (to read back
-    which network it chose), then the trial's own `hardware.env`, which wins."""
-    hw = trial.hardware
-    nccl = hw.use_gpu and hw.world_size > 1 and not execution.logical_gpus
-    return {**(fabric.debug_env(trial.key) if nccl else {}), **hw.env}
-
-
-def run_trial(trial: TrialSpec, storage: str, trials_dir: str, execution: ExecutionSpec,
+def run_trial(trial: TrialRef, storage: str, trials_dir: str, execution: ExecutionSpec,
               cwd: str | None = None, strategy: str = "PACK",
               trial_start: float | None = None, parcels: Any = None) -> TrialOutcome:
     """Fit one trial; a worker process that died is retried up to `execution.max_retries` times
@@ -278,9 +174,9 @@ def run_trial(trial: TrialSpec, storage: str, trials_dir: str, execution: Execut
             result = _trainer([trial], None, storage, trials_dir, execution, cwd, strategy,
                               len(lost), parcels=parcels).fit()
         except Exception as e:  # a failed trial is a row, never a lost sweep
-            out = failure(e, trial.resources())
+            out = failure(e, trial.resources)
         else:
-            out = metrics.outcome(result.return_value)
+            out = result.return_value or metrics.outcome(None)  # rank 0's, from every rank
             out.stamps = {"fit_start": fit_start, "fit_end": time.time()}
             if out.ok and result.checkpoint is not None:
                 out.metrics["train/checkpoint"] = checkpoint_uri(result.checkpoint)
@@ -295,7 +191,7 @@ def run_trial(trial: TrialSpec, storage: str, trials_dir: str, execution: Execut
         return _finish(out, lost, strategy, execution, position=0)
 
 
-def run_group(trials: list[TrialSpec], storage: str, trials_dir: str, execution: ExecutionSpec,
+def run_group(trials: list[TrialRef], storage: str, trials_dir: str, execution: ExecutionSpec,
               cwd: str | None, strategy: str, trial_start: float, handoff: Any,
               positions: list[int], parcels: Any = None) -> Iterator[tuple[int, TrialOutcome]]:
     """Fit one worker group for `trials` (same shape: plan.worker_groups) and yield
@@ -336,7 +232,7 @@ def run_group(trials: list[TrialSpec], storage: str, trials_dir: str, execution:
                 started[n] = time.monotonic()
                 continue
             end = time.time()
-            out = metrics.outcome(payload)
+            out = payload
             out.stamps = {"trial_start": begin, "fit_end": end}
             if n == 0:  # the group's first trial carries its start-up
                 out.stamps["fit_start"] = fit_start
@@ -349,7 +245,7 @@ def run_group(trials: list[TrialSpec], storage: str, trials_dir: str, execution:
         # the group ended with trials to go: the one in flight takes the fit's error
         i = pending[finished]
         error = box.get("error") or RuntimeError("the worker group ended before its trials")
-        out = failure(error, trials[i].resources())
+        out = failure(error, trials[i].resources)
         # the limit counts a group's first trial from the fit's start, as run_trial does
         since = mono if finished == 0 else started.get(finished, mono)
         out = _timed_out(out, time.monotonic() - since, execution)
@@ -366,7 +262,7 @@ def run_group(trials: list[TrialSpec], storage: str, trials_dir: str, execution:
         pending = pending[finished + 1:]
 
 
-def _fit_into(trainer: TorchTrainer, box: dict[str, Any], queue: Any) -> None:
+def _fit_into(trainer: DataParallelTrainer, box: dict[str, Any], queue: Any) -> None:
     try:
         trainer.fit()  # a group's outcomes came through the queue; only its error is kept
     except Exception as e:  # handed to the group's loop, which makes it the trial's row
@@ -414,7 +310,7 @@ def _finish(out: TrialOutcome, lost: list[str], strategy: str, execution: Execut
     return out
 
 
-def _worker_env(trial: TrialSpec, execution: ExecutionSpec) -> dict[str, str]:
+def _worker_env(trial: TrialRef | TrialSpec, execution: ExecutionSpec) -> dict[str, str]:
     """The workers' environment: NCCL's debug file where ranks talk over NCCL (to read back
     which network it chose), then the trial's own `hardware.env`, which wins."""
     hw = trial.hardware
@@ -422,10 +318,10 @@ def _worker_env(trial: TrialSpec, execution: ExecutionSpec) -> dict[str, str]:
     return {**(fabric.debug_env(trial.key) if nccl else {}), **hw.env}
 
 
-def _trainer(trials: list[TrialSpec], queue: Any, storage: str, trials_dir: str,
+def _trainer(trials: list[TrialRef], queue: Any, storage: str, trials_dir: str,
              execution: ExecutionSpec, cwd: str | None, strategy: str,
-             attempt: int, **config: Any) -> TorchTrainer:
-    """One TorchTrainer for `trials` (one, or a worker group's, all of one shape). `storage`
+             attempt: int, **config: Any) -> DataParallelTrainer:
+    """One Ray Train run for `trials` (one, or a worker group's, all of one shape). `storage`
     is Ray Train's storage path (a local folder or a URI), `trials_dir` where rank 0 writes
     traces and artefacts (on its own node), `strategy` the placement (plan.strategy), `queue`
     where rank 0 hands a group's outcomes over (None: one trial, through its return value)."""
@@ -434,7 +330,7 @@ def _trainer(trials: list[TrialSpec], queue: Any, storage: str, trials_dir: str,
     os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = str(execution.start_timeout_s)
     first = trials[0]
     hw = first.hardware
-    per_worker = dict(first.resources()["per_worker"])
+    per_worker = dict(first.resources["per_worker"])
     if execution.concurrency == "per_node":
         # the workers of a trial share one node's token between them, so no other trial's
         # workers can join that node (shares rounded down: Ray counts resources in 1e-4 units)
@@ -442,13 +338,15 @@ def _trainer(trials: list[TrialSpec], queue: Any, storage: str, trials_dir: str,
     name = f"trial_{first.index:04d}_{first.key}"
     if len(trials) > 1:
         name = f"group_{first.index:04d}_{first.key}_{len(trials)}"
-    return TorchTrainer(
+    return DataParallelTrainer(
         train_loop,
-        # traces and artefacts land beside the trial JSONs, on rank 0's node
-        train_loop_config={"trials": trials, "queue": queue, "trace_dir": trials_dir,
+        # the trials by reference (TrialRef): the Train controller unpickles this config for
+        # its run state. Traces and artefacts land beside the trial JSONs, on rank 0's node.
+        train_loop_config={"trials": [t.spec for t in trials], "queue": queue,
+                           "trace_dir": trials_dir,
                            "cwd": cwd, "logical_gpus": execution.logical_gpus,
                            "timeout_s": execution.trial_timeout_s, **config},
-        torch_config=TorchConfig(
+        backend_config=ProcessGroupConfig(
             backend="nccl" if hw.use_gpu and not execution.logical_gpus else "gloo"),
         scaling_config=ray.train.ScalingConfig(
             num_workers=hw.world_size, use_gpu=hw.use_gpu, resources_per_worker=per_worker,

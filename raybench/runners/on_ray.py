@@ -103,7 +103,7 @@ def _tune(spec, trials: list[TrialSpec], out: Path, done: Done, name: str,
     import ray
     from ray import tune
 
-    from raybench.trial import tune_entry
+    from raybench.trial import TrialRef, tune_entry
 
     # Tune's CSV/JSON/TensorBoard loggers would duplicate our table; ours is the record.
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
@@ -163,7 +163,8 @@ def _tune(spec, trials: list[TrialSpec], out: Path, done: Done, name: str,
     by_index = {i: t for i, t in enumerate(trials)}
     tuner = tune.Tuner(
         tune.with_resources(
-            tune.with_parameters(tune_entry, trials=list(trials), groups=groups,
+            tune.with_parameters(tune_entry, trials=[TrialRef.of(t) for t in trials],
+                                 groups=groups,
                                  storage=storage, trials_dir=trials_dir, execution=execution,
                                  cwd=cwd, strategies=strategies, handoff=handoff,
                                  parcels=parcels),

@@ -1,0 +1,116 @@
+"""The ranks' torch.distributed process group, as Ray Train's backend for raybench's trials.
+
+Ray Train's own torch backend (`TorchConfig`) is imported wherever the Train controller
+unpickles it, and its module imports torch: 2-3 s of one core at every worker group's start on
+a small machine (docs/performance.md), in a process that never runs a tensor. This backend does
+what that one does for raybench's ranks (a rendezvous address from rank 0's node, the
+torchrun-style environment variables, `init_process_group`, and on shutdown
+`destroy_process_group`), with torch imported only inside the functions that run on the
+ranks. Owns nothing else: devices, DDP and the timed loop are the worker's (worker.py).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import ray
+import ray.train
+from ray.train.backend import Backend, BackendConfig
+
+SHUTDOWN_TIMEOUT_S = 30.0  # a rank stuck in a collective must not hold the group's end forever
+
+
+def _rendezvous() -> tuple[str, int]:
+    """This node's address and a free port: rank 0's, for every rank to meet at."""
+    from ray.train._internal.utils import get_address_and_port
+
+    return get_address_and_port()
+
+
+def _join(backend: str, url: str, timeout_s: float) -> None:
+    """On every rank: the environment torchrun would give it, then the process group."""
+    import torch.distributed as dist
+
+    ctx = ray.train.get_context()
+    os.environ.update({
+        "RANK": str(ctx.get_world_rank()), "WORLD_SIZE": str(ctx.get_world_size()),
+        "LOCAL_RANK": str(ctx.get_local_rank()),
+        "LOCAL_WORLD_SIZE": str(ctx.get_local_world_size()),
+        "NODE_RANK": str(ctx.get_node_rank()),
+    })
+    if backend == "nccl" and not any(k in os.environ for k in (
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_BLOCKING_WAIT")):
+        # a collective that times out ends the process instead of hanging it (torch's
+        # documented switch; the user's own setting wins)
+        os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"
+    dist.init_process_group(backend=backend, init_method=url, rank=ctx.get_world_rank(),
+                            world_size=ctx.get_world_size(),
+                            timeout=timedelta(seconds=timeout_s))
+
+
+def _leave() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+class _CudaDevice:
+    """The train function's context on every rank: its own GPU as CUDA's current device
+    before the function runs (NCCL binds a communicator to the current device)."""
+
+    def __enter__(self) -> None:
+        import ray.train.torch
+        import torch
+
+        if torch.cuda.is_available():
+            device = ray.train.torch.get_device()
+            if device.type == "cuda":
+                torch.cuda.set_device(device)
+
+    def __exit__(self, *exc: Any) -> bool:
+        return False
+
+
+class _ProcessGroup(Backend):
+    def on_start(self, worker_group: Any, config: ProcessGroupConfig) -> None:
+        addr, port = worker_group.execute_single(0, _rendezvous)
+        host = f"[{addr}]" if ":" in addr else addr  # an IPv6 address
+        url = f"tcp://{host}:{port}"
+        ray.get([worker_group.execute_single_async(i, _join, config.backend, url,
+                                                   config.timeout_s)
+                 for i in range(len(worker_group))])
+
+    def on_shutdown(self, worker_group: Any, config: ProcessGroupConfig) -> None:
+        try:
+            ray.get(worker_group.execute_async(_leave), timeout=SHUTDOWN_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            pass  # the group's processes end with it all the same
+
+
+@dataclass
+class ProcessGroupConfig(BackendConfig):
+    """`backend`: "nccl" for GPU ranks, "gloo" for CPU ranks and logical GPUs."""
+
+    backend: str = "gloo"
+    timeout_s: float = 1800.0  # torch's own default for a collective
+
+    @property
+    def backend_cls(self) -> type[Backend]:
+        return _ProcessGroup
+
+    @property
+    def train_func_context(self) -> type[_CudaDevice]:
+        return _CudaDevice
+
+    @property
+    def framework(self) -> Any:
+        from ray.train.v2._internal.util import TrainingFramework
+
+        return TrainingFramework.TORCH  # what Ray's run state and dashboard record
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"backend": self.backend, "timeout_s": self.timeout_s}

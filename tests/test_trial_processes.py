@@ -1,0 +1,83 @@
+"""What Tune's trial process and the Train controller load of a trial imports no torch.
+
+Neither runs a tensor, and on the 2-core machine importing torch and a workload's model library
+cost each of them 2.7 s of a core at every worker group's start (docs/performance.md). They get
+a trial as `trial.TrialRef` (its spec by reference), the function `trial.train_loop` and the
+backend `process_group.ProcessGroupConfig`, all unpickled by reference to their modules.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+
+from raybench.grid import expand
+from raybench.process_group import ProcessGroupConfig
+from raybench.spec import load_sweep
+from raybench.trial import TrialRef, train_loop, tune_entry
+from tests.conftest import ROOT
+
+LOAD = ("import pickle, sys; pickle.loads(sys.stdin.buffer.read()); "
+        "print(sorted(m for m in sys.modules if m == 'torch' or "
+        "m.startswith('raybench.workloads.')))")
+
+
+def _loaded_by(blob: bytes) -> str:
+    proc = subprocess.run([sys.executable, "-c", LOAD], input=blob, cwd=ROOT,
+                          capture_output=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    return proc.stdout.decode().strip()
+
+
+def test_a_trial_ref_the_backend_and_the_train_function_load_no_torch(write_sweep):
+    (trial,) = expand(load_sweep(write_sweep(), ["grid={}", "hardware.cpu_workers=2"]))
+    # the spec's place holds a ray.ObjectRef in a run; any picklable stands in here
+    ref = TrialRef(trial.index, trial.key, trial.hardware, trial.resources(), spec=None)
+    blob = pickle.dumps((ref, ProcessGroupConfig(backend="gloo"), train_loop, tune_entry))
+    assert _loaded_by(blob) == "[]"
+    # the TrialSpec itself would: its workload parameters are its workload module's class
+    assert "torch" in _loaded_by(pickle.dumps(trial))
+
+
+class _Context:
+    def get_world_rank(self): return 1
+    def get_world_size(self): return 2
+    def get_local_rank(self): return 1
+    def get_local_world_size(self): return 2
+    def get_node_rank(self): return 0
+
+
+def test_a_rank_joins_with_torchruns_variables_and_nccl_fails_rather_than_hangs(monkeypatch):
+    """The GPU path's settings, checked on CPU: the call is recorded, not made."""
+    import ray.train
+    import torch.distributed as dist
+
+    from raybench import process_group
+
+    calls = []
+    monkeypatch.setattr(ray.train, "get_context", _Context)
+    monkeypatch.setattr(dist, "init_process_group", lambda **kw: calls.append(kw))
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK",
+                 "TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_BLOCKING_WAIT"):
+        monkeypatch.delenv(name, raising=False)
+    process_group._join("nccl", "tcp://10.0.0.1:29500", 60.0)
+    (kw,) = calls
+    assert kw["backend"] == "nccl" and kw["init_method"] == "tcp://10.0.0.1:29500"
+    assert (kw["rank"], kw["world_size"]) == (1, 2) and kw["timeout"].total_seconds() == 60
+    assert [os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                                    "NODE_RANK")] == ["1", "2", "1", "2", "0"]
+    assert os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+    monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")  # the user's setting wins
+    process_group._join("nccl", "tcp://10.0.0.1:29500", 60.0)
+    assert os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "0"
+    monkeypatch.delenv("TORCH_NCCL_ASYNC_ERROR_HANDLING")
+    process_group._join("gloo", "tcp://10.0.0.1:29500", 60.0)  # gloo: nothing of NCCL's
+    assert "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in os.environ
+
+
+def test_the_backend_config_is_recorded_as_torch():
+    config = ProcessGroupConfig(backend="nccl")
+    assert config.to_dict() == {"backend": "nccl", "timeout_s": 1800.0}
+    assert config.framework.value == "torch"  # what Ray's run state and dashboard show
