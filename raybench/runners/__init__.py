@@ -2,7 +2,7 @@
 `Runner`; a runner only starts its machinery, says which trials it can never place, and runs
 trials, handing each outcome back as it ends.
 
-Two exist: `ray` (runners/on_ray.py: a Tune grid of TorchTrainer runs on an embedded Ray or a
+Two exist: `ray` (runners/on_ray.py: a Tune grid of Ray Train DDP runs on an embedded Ray or a
 cluster, inference replicas as actors) and `local` (runners/local.py: this process, ranks
 spawned over torch.distributed, no Ray needed). Implementations are imported on demand so the
 local runner works where Ray is not installed.
