@@ -96,7 +96,7 @@ class ProcessGroupConfig(BackendConfig):
     """`backend`: "nccl" for GPU ranks, "gloo" for CPU ranks and logical GPUs."""
 
     backend: str = "gloo"
-    timeout_s: float = 1800.0  # torch's own default for a collective
+    timeout_s: float = 1800.0  # a collective's limit, as under Ray's TorchConfig
 
     @property
     def backend_cls(self) -> type[Backend]:
