@@ -80,7 +80,6 @@ def run_trials(config: dict[str, Any]) -> TrialOutcome | None:
                              if keep else None)
         if records and config.get("parcels") is not None:  # nodes may share no disk
             _send_files(config["parcels"], trial, config["trace_dir"])
-        outcome = None
         if records:  # rank 0: when its part ended, for the teardown that follows
             records[0].stamps["loop_exit"] = time.time()
             outcome = metrics.outcome(records)
