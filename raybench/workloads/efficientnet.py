@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import torch
-import torchvision
 from pydantic import Field, model_validator
 
 from raybench.workloads import register
@@ -24,6 +23,8 @@ Variant = Literal["b0", "b1", "b2", "b3", "b4", "b5", "b6", "b7"]
 
 def native_resolution(variant: str) -> int:
     """The crop size of torchvision's ImageNet weights for this variant (224 for b0)."""
+    import torchvision  # here and below, not at the top: as in resnet.py
+
     weights = getattr(torchvision.models, f"EfficientNet_{variant.upper()}_Weights")
     return int(weights.IMAGENET1K_V1.transforms().crop_size[0])
 
@@ -48,13 +49,19 @@ class Efficientnet(Resnet):
     name = "efficientnet"
     Params = EfficientnetParams
     params: EfficientnetParams
-    blocks = (torchvision.models.efficientnet.MBConv, torchvision.models.efficientnet.FusedMBConv)
 
     def build(self) -> torch.nn.Module:
+        import torchvision
+
         p = self.params
         extra = {"dropout": p.dropout} if p.dropout is not None else {}
         return getattr(torchvision.models, f"efficientnet_{p.variant}")(
             num_classes=p.num_classes, **extra)
+
+    def blocks(self) -> tuple[type[torch.nn.Module], ...]:
+        from torchvision.models import efficientnet
+
+        return efficientnet.MBConv, efficientnet.FusedMBConv
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "variant": self.params.variant}

@@ -10,17 +10,19 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
-import torchvision
 from pydantic import Field, model_validator
 from torch.utils.data import Dataset
 
 from raybench.sections import HardwareSpec
 from raybench.workloads import Servable, WorkloadParams, _memory, register
 
+# torchvision is imported where a model or a dataset is built, not here: the sweep's driver
+# imports this module to validate the parameters, and torchvision (with torch._dynamo, which
+# it loads) took 1.4 s of the driver's start on a small machine (docs/performance.md).
 # ImageNet channel statistics, as torchvision's reference training script uses.
 _MEAN = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
 _STD = torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
@@ -82,9 +84,6 @@ class Resnet(Servable):
     name = "resnet"
     Params = ResnetParams
     params: ResnetParams
-    # what activation checkpointing wraps (a family that subclasses this names its own blocks)
-    blocks: ClassVar[tuple[type[torch.nn.Module], ...]] = (
-        torchvision.models.resnet.BasicBlock, torchvision.models.resnet.Bottleneck)
 
     @classmethod
     def unsupported(cls, params: WorkloadParams, hardware: HardwareSpec
@@ -96,7 +95,7 @@ class Resnet(Servable):
         torch.manual_seed(p.seed)
         self._model = self.build()
         if p.activation_checkpointing:
-            _memory.wrap_blocks(self._model, self.blocks)
+            _memory.wrap_blocks(self._model, self.blocks())
         self.net = ctx.prepare_model(self._model)
         self.opt = torch.optim.SGD(self.net.parameters(), lr=p.lr, momentum=0.9, weight_decay=1e-4)
         self.scaler = ctx.grad_scaler()
@@ -111,13 +110,24 @@ class Resnet(Servable):
 
     def build(self) -> torch.nn.Module:
         """The network, randomly initialised (after the seed is set); an image classifier
-        family that trains and serves the same way subclasses this workload and builds its own."""
+        family that trains and serves the same way subclasses this workload and builds its own
+        (and names its own `blocks`)."""
+        import torchvision
+
         return getattr(torchvision.models, f"resnet{self.params.depth}")(
             num_classes=self.params.num_classes)
+
+    def blocks(self) -> tuple[type[torch.nn.Module], ...]:
+        """What activation checkpointing wraps."""
+        from torchvision.models import resnet
+
+        return resnet.BasicBlock, resnet.Bottleneck
 
     def _dataset(self) -> Dataset:
         p = self.params
         if p.data == "imagefolder":
+            import torchvision
+
             t = torchvision.transforms
             tf = t.Compose([
                 t.RandomResizedCrop(p.image_size), t.RandomHorizontalFlip(), t.ToTensor(),
