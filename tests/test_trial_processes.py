@@ -43,7 +43,7 @@ def test_a_trial_ref_the_backend_and_the_train_function_load_no_torch(write_swee
     assert "torch" in _loaded_by(pickle.dumps(trial))
 
 
-VALIDATE = ("import sys; from raybench import cli; loaded = cli.load(*sys.argv[1:2], sys.argv[2:]); "
+VALIDATE = ("import sys; from raybench import cli; loaded = cli.load(sys.argv[1], sys.argv[2:]); "
             "assert loaded; print('torchvision' in sys.modules)")
 
 

@@ -23,6 +23,7 @@ from raybench.workloads import Servable, WorkloadParams, _memory, register
 # torchvision is imported where a model or a dataset is built, not here: the sweep's driver
 # imports this module to validate the parameters, and torchvision (with torch._dynamo, which
 # it loads) took 1.4 s of the driver's start on a small machine (docs/performance.md).
+
 # ImageNet channel statistics, as torchvision's reference training script uses.
 _MEAN = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
 _STD = torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
