@@ -47,17 +47,19 @@ VALIDATE = ("import sys; from raybench import cli; loaded = cli.load(sys.argv[1]
             "assert loaded; print('torchvision' in sys.modules)")
 
 
+def _torchvision_loaded(sweep: str, *overrides: str) -> str:
+    """Whether validating `sweep` in a fresh interpreter imports torchvision: "True"/"False"."""
+    proc = subprocess.run([sys.executable, "-c", VALIDATE, sweep, *overrides], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout.strip()
+
+
 def test_validating_an_image_sweep_imports_no_model_library():
-    for sweep, overrides in [("sweeps/local_cpu.yaml", []),
-                             ("sweeps/efficientnet_cpu.yaml", ["workload.image_size=64"])]:
-        proc = subprocess.run([sys.executable, "-c", VALIDATE, sweep, *overrides], cwd=ROOT,
-                              capture_output=True, text=True, timeout=120)
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        assert proc.stdout.strip() == "False", (sweep, proc.stdout)
+    assert _torchvision_loaded("sweeps/local_cpu.yaml") == "False"
+    assert _torchvision_loaded("sweeps/efficientnet_cpu.yaml", "workload.image_size=64") == "False"
     # an EfficientNet left at its native resolution reads it from torchvision's weights
-    proc = subprocess.run([sys.executable, "-c", VALIDATE, "sweeps/efficientnet_cpu.yaml"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert proc.stdout.strip() == "True", proc.stderr[-2000:]
+    assert _torchvision_loaded("sweeps/efficientnet_cpu.yaml") == "True"
 
 
 class _Context:
