@@ -157,6 +157,76 @@ def worker_groups(trials: list[TrialSpec], strategies: dict[str, str], isolation
     return sorted(out + alone)
 
 
+def start_together(groups: list[list[int]], trials: list[TrialSpec],
+                   strategies: dict[str, str], nodes: list[dict[str, float]],
+                   wanted: int) -> tuple[int, str]:
+    """How many worker groups start at once (`execution.start_together`), and why. Tune runs
+    them in grid order and starts the next as one ends, so any `k` consecutive groups may be up
+    at the same time: `k` is the most, up to `wanted`, for which every such run of groups fits
+    on the nodes together. A group that did not fit beside the others would wait for its start
+    deadline and fail."""
+    shapes = [trials[g[0]] for g in groups]
+    k = min(wanted, len(groups))
+    while k > 1 and not all(_fit_together(shapes[i:i + k], strategies, nodes)
+                            for i in range(len(shapes) - k + 1)):
+        k -= 1
+    if k == 1:
+        return 1, (f"start together: 1 (each worker group starts after the last one ended; "
+                   f"{wanted} wanted, {len(groups)} groups)")
+    return k, (f"start together: {k} worker groups start at once, then measure one after "
+               f"another ({len(groups)} groups)")
+
+
+def embedded_cpus(spec: SweepSpec) -> int | None:
+    """Logical CPUs an embedded Ray needs for `execution.start_together` groups to be up at
+    once (each holds its workers' CPUs while it waits to measure), or None when the sweep
+    starts no groups together. Only one group measures at a time: the extra CPUs are
+    reservations of waiting groups, not extra work on the cores."""
+    from raybench.grid import expand
+
+    ex = spec.execution
+    if ex.isolation != "worker" or ex.concurrency != "exclusive" or ex.start_together < 2:
+        return None
+    trials = [t for t in expand(spec) if t.inference is None]
+    groups = worker_groups(trials, {t.key: "PACK" for t in trials}, "worker", 1)
+    need = sorted((trials[g[0]].resources()["total"].get("CPU", 0.0) for g in groups),
+                  reverse=True)[:ex.start_together]
+    if len(need) < 2:
+        return None
+    return int(sum(need) + len(need) * TUNE_TRIAL_CPU + 0.999)
+
+
+def _fit_together(shapes: list[TrialSpec], strategies: dict[str, str],
+                  nodes: list[dict[str, float]]) -> bool:
+    """Whether these trials' worker groups, each beside its Tune trial's CPU, can all be
+    placed at once: first fit, a packed group on one node, a spread one worker by worker."""
+    free = [dict(n) for n in nodes]
+    for t in shapes:
+        res = t.resources()
+        per_worker = res["per_worker"]
+        host = max(free, key=lambda n: n.get("CPU", 0.0))
+        if host.get("CPU", 0.0) < TUNE_TRIAL_CPU - 1e-9:
+            return False
+        host["CPU"] -= TUNE_TRIAL_CPU
+        if strategies[t.key] in ("PACK", "STRICT_PACK"):
+            fits = [n for n in free if _slots(n, per_worker) >= res["workers"]]
+            if not fits:
+                return False
+            _take(fits[0], per_worker, res["workers"])
+            continue
+        for _ in range(res["workers"]):
+            node = max(free, key=lambda n: _slots(n, per_worker))
+            if _slots(node, per_worker) < 1:
+                return False
+            _take(node, per_worker, 1)
+    return True
+
+
+def _take(node: dict[str, float], per_worker: dict[str, float], workers: int) -> None:
+    for k, v in per_worker.items():
+        node[k] = node.get(k, 0.0) - v * workers
+
+
 def _slots(node: dict[str, float], per_worker: dict[str, float]) -> int:
     """Workers of this shape one node holds."""
     return min(int(node.get(k, 0.0) // v + 1e-9) for k, v in per_worker.items() if v > 0)
