@@ -23,24 +23,21 @@ def target(address: str | None) -> str | None:
     return address or os.environ.get("RAY_ADDRESS") or None
 
 
-def local_shape(cpus: int | None = None) -> dict[str, float]:
+def local_shape() -> dict[str, float]:
     """What an embedded Ray on this machine will offer.
 
     One logical CPU more than the cores: each Tune trial holds a 0.01-CPU driver while its
     workers run, and Ray places by logical counts, so without it a trial asking for every
-    core could never start on a small machine (the 2-core CI runner). `cpus`, when more: what
-    worker groups that start together hold while they wait for their turn to measure
-    (plan.embedded_cpus).
+    core could never start on a small machine (the 2-core CI runner).
     """
     import torch  # here, not at the top: Tune's trial processes import this module (plan.py)
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return {"CPU": float(max((os.cpu_count() or 1) + 1, cpus or 0)), "GPU": float(gpus)}
+    return {"CPU": float((os.cpu_count() or 1) + 1), "GPU": float(gpus)}
 
 
-def connect(address: str | None, cpus: int | None = None) -> bool:
-    """Join or start Ray; returns True when this process started it (and must shut it down).
-    `cpus`: logical CPUs an embedded Ray needs beyond its default (local_shape)."""
+def connect(address: str | None) -> bool:
+    """Join or start Ray; returns True when this process started it (and must shut it down)."""
     addr = target(address)
     if ray.is_initialized():
         return False
@@ -48,7 +45,7 @@ def connect(address: str | None, cpus: int | None = None) -> bool:
         log.info("joining Ray cluster at %s", addr)
         ray.init(address=addr, logging_level=logging.WARNING, log_to_driver=True)
         return False
-    shape = local_shape(cpus)
+    shape = local_shape()
     log.info("starting an embedded Ray: %g CPUs, %g GPUs", shape["CPU"], shape["GPU"])
     # The dashboard serves the State API that Ray Train's placement-group cleaner polls; it
     # listens on loopback only, since an embedded Ray has no reason to be reachable.

@@ -157,23 +157,6 @@ class ExecutionSpec(Strict):
         "model and data, memory peaks and allocator caches reset, saving the group's start-up "
         "(seconds per trial); a trial that fails ends its group and the next starts fresh. "
         "Trials that keep a checkpoint always run alone. The row says which (trial/isolation)")
-    start_together: int = Field(
-        2, ge=1, description="isolation: worker with concurrency: exclusive: this many worker "
-        "groups start their workers at the same time, then measure one after another (a started "
-        "group waits, idle, until the groups before it have ended and no group is starting); "
-        "fewer where that many would not fit on the cluster together. 1: each group starts "
-        "after the last one ended. The row says how many started together (trial/start_together) "
-        "and how long its group waited (overhead/queued_s)")
-
-    @model_validator(mode="after")
-    def _start_together(self) -> ExecutionSpec:
-        if "start_together" in self.model_fields_set and self.start_together > 1 and (
-                self.isolation != "worker" or self.concurrency != "exclusive"):
-            raise ValueError(
-                "start_together > 1 needs isolation: worker and concurrency: exclusive (groups "
-                "that start together take turns to measure; other trials run alone or side by "
-                "side)")
-        return self
 
 
 class MlflowSpec(Strict):

@@ -112,93 +112,6 @@ class Handoff:
         await self._event(position).wait()
 
 
-class TurnOrder:
-    """Which worker group may measure now, when several start together
-    (`execution.start_together`, plan.start_together): groups in grid order, `window` of them
-    up at once (Tune starts the next as one ends). A group measures only when every group
-    before it has ended and every other group that can be up beside it has reached its turn
-    or ended: so no group's measured trials share the machine with another group's start, and
-    only one group runs at a time. Deadlock-free: the groups it waits for are running (Tune
-    runs `window` of them, and plan.start_together made sure they fit together), and each
-    either arrives or fails (its start deadline), which ends it. Pure, for the Turns actor."""
-
-    def __init__(self, groups: int, window: int) -> None:
-        self.groups, self.window = groups, window
-        self.arrived: set[int] = set()
-        self.ended: set[int] = set()
-        self.holder: int | None = None
-
-    def arrive(self, group: int) -> int | None:
-        self.arrived.add(group)
-        return self._grant()
-
-    def end(self, group: int) -> int | None:
-        self.ended.add(group)
-        if self.holder == group:
-            self.holder = None
-        return self._grant()
-
-    def _grant(self) -> int | None:
-        """The group that now gets its turn, if one does."""
-        if self.holder is not None:
-            return None
-        first = next((g for g in range(self.groups) if g not in self.ended), None)
-        if first is None or first not in self.arrived:
-            return None
-        beside = range(first + 1, min(first + self.window, self.groups))
-        if all(g in self.arrived or g in self.ended for g in beside):
-            self.holder = first
-            return first
-        return None
-
-
-@ray.remote(num_cpus=0)
-class Turns:
-    """The turn of worker groups that started together (TurnOrder): every rank of a group
-    waits in `arrive` before its first trial; the driver calls `end` when the group's Tune
-    trial has ended (its rows written, its workers gone). A group retried on fresh workers
-    while it holds the turn keeps it."""
-
-    def __init__(self, groups: int, window: int) -> None:
-        self._order = TurnOrder(groups, window)
-        self._go: dict[int, asyncio.Event] = {}
-        self._arrived: dict[int, float] = {}
-        self._granted: dict[int, float] = {}
-
-    def _event(self, group: int) -> asyncio.Event:
-        return self._go.setdefault(group, asyncio.Event())
-
-    def _set(self, group: int | None) -> None:
-        if group is not None:
-            self._granted[group] = time.time()
-            self._event(group).set()
-
-    async def arrive(self, group: int) -> None:
-        self._arrived.setdefault(group, time.time())
-        if self._order.holder != group:
-            self._set(self._order.arrive(group))
-        await self._event(group).wait()
-
-    async def end(self, group: int) -> None:
-        self._set(self._order.end(group))
-
-    async def waited(self, group: int) -> float:
-        """Seconds the group's first ranks waited for their turn (0 if they never arrived)."""
-        if group not in self._granted or group not in self._arrived:
-            return 0.0
-        return max(0.0, self._granted[group] - self._arrived[group])
-
-
-def _waited(turn: dict[str, Any]) -> float:
-    """How long a group waited for its turn: no part of its first attempt's time limit."""
-    if not turn:
-        return 0.0
-    try:
-        return float(ray.get(turn["turns"].waited.remote(turn["group"]), timeout=30))
-    except Exception:  # the driver's actor gone: the sweep is ending anyway
-        return 0.0
-
-
 @ray.remote(num_cpus=0)
 class Parcels:
     """Trials' files on their way from rank 0's node to the driver (artifacts.py): rank 0
@@ -221,8 +134,7 @@ class Parcels:
 
 def tune_entry(config: dict[str, Any], trials: list[TrialRef], groups: list[list[int]],
                storage: str, trials_dir: str, execution: ExecutionSpec, cwd: str,
-               strategies: dict[str, str], handoff: Any = None, parcels: Any = None,
-               turns: Any = None) -> None:
+               strategies: dict[str, str], handoff: Any = None, parcels: Any = None) -> None:
     """One Tune function trial: run one worker group's trials (plan.worker_groups; one trial
     under process isolation) and report each outcome to the driver as it ends, with the
     trial's position in `trials`.
@@ -236,13 +148,12 @@ def tune_entry(config: dict[str, Any], trials: list[TrialRef], groups: list[list
     members = groups[config["group"]]
     group = [trials[i] for i in members]
     strategy = strategies[group[0].key]
-    turn = {"turns": turns, "group": config["group"]} if turns is not None else {}
     if len(group) == 1:
         outcomes = [(0, run_trial(group[0], storage, trials_dir, execution, cwd, strategy,
-                                  trial_start=entry, parcels=parcels, **turn))]
+                                  trial_start=entry, parcels=parcels))]
     else:
         outcomes = run_group(group, storage, trials_dir, execution, cwd, strategy, entry,
-                             handoff, members, parcels, **turn)
+                             handoff, members, parcels)
     for n, outcome in outcomes:
         outcome.start_time, outcome.end_time = start, now()
         start = outcome.end_time  # the next trial's time begins where this one's ends
@@ -252,18 +163,16 @@ def tune_entry(config: dict[str, Any], trials: list[TrialRef], groups: list[list
 
 def run_trial(trial: TrialRef, storage: str, trials_dir: str, execution: ExecutionSpec,
               cwd: str | None = None, strategy: str = "PACK",
-              trial_start: float | None = None, parcels: Any = None,
-              **turn: Any) -> TrialOutcome:
+              trial_start: float | None = None, parcels: Any = None) -> TrialOutcome:
     """Fit one trial; a worker process that died is retried up to `execution.max_retries` times
-    on fresh workers. Returns {status, error, metrics, ...} with `trial/retries`, never raises.
-    `turn`: the Turns actor and this group's index, when groups start together."""
+    on fresh workers. Returns {status, error, metrics, ...} with `trial/retries`, never raises."""
     lost: list[str] = []
     while True:
         start = time.monotonic()
         fit_start = time.time()
         try:
             result = _trainer([trial], None, storage, trials_dir, execution, cwd, strategy,
-                              len(lost), parcels=parcels, **turn).fit()
+                              len(lost), parcels=parcels).fit()
         except Exception as e:  # a failed trial is a row, never a lost sweep
             out = failure(e, trial.resources)
         else:
@@ -271,10 +180,7 @@ def run_trial(trial: TrialRef, storage: str, trials_dir: str, execution: Executi
             out.stamps = {"fit_start": fit_start, "fit_end": time.time()}
             if out.ok and result.checkpoint is not None:
                 out.metrics["train/checkpoint"] = checkpoint_uri(result.checkpoint)
-        elapsed = time.monotonic() - start
-        if not out.ok and not lost:  # the first attempt may have waited for its turn
-            elapsed -= _waited(turn)
-        out = _timed_out(out, elapsed, execution)
+        out = _timed_out(out, time.monotonic() - start, execution)
         if out.status == "lost" and len(lost) < execution.max_retries:
             lost.append(_reason(out))
             log.warning("trial %d (%s) lost a worker; retry %d of %d on fresh workers",
@@ -287,8 +193,7 @@ def run_trial(trial: TrialRef, storage: str, trials_dir: str, execution: Executi
 
 def run_group(trials: list[TrialRef], storage: str, trials_dir: str, execution: ExecutionSpec,
               cwd: str | None, strategy: str, trial_start: float, handoff: Any,
-              positions: list[int], parcels: Any = None,
-              **turn: Any) -> Iterator[tuple[int, TrialOutcome]]:
+              positions: list[int], parcels: Any = None) -> Iterator[tuple[int, TrialOutcome]]:
     """Fit one worker group for `trials` (same shape: plan.worker_groups) and yield
     (position, outcome) as each trial ends. A trial that fails ends its group (its other ranks
     may be waiting for it in a collective, and a process that ran out of memory or raised is
@@ -309,7 +214,7 @@ def run_group(trials: list[TrialRef], storage: str, trials_dir: str, execution: 
         trainer = _trainer(group, queue, storage, trials_dir, execution, cwd, strategy, attempt,
                            # sweep positions, for the driver's word on rows
                            handoff=handoff, positions=[positions[i] for i in pending],
-                           parcels=parcels, **turn)
+                           parcels=parcels)
         thread = threading.Thread(target=_fit_into, args=(trainer, box, queue), daemon=True)
         thread.start()
         started: dict[int, float] = {}
@@ -342,12 +247,8 @@ def run_group(trials: list[TrialRef], storage: str, trials_dir: str, execution: 
         error = box.get("error") or RuntimeError("the worker group ended before its trials")
         out = failure(error, trials[i].resources)
         # the limit counts a group's first trial from the fit's start, as run_trial does
-        # (less the first fit's wait for its turn)
         since = mono if finished == 0 else started.get(finished, mono)
-        elapsed = time.monotonic() - since
-        if finished == 0 and attempt == 0:
-            elapsed -= _waited(turn)
-        out = _timed_out(out, elapsed, execution)
+        out = _timed_out(out, time.monotonic() - since, execution)
         attempt += 1
         reasons = lost.setdefault(i, [])
         if out.status == "lost" and len(reasons) < execution.max_retries:

@@ -27,9 +27,7 @@ from raybench.spec import SpecError
 log = logging.getLogger("raybench.sweep")
 
 declare(Metric("overhead/report_s", "s", "the trial's end to its outcome reaching the driver "
-               "through Tune"),
-        Metric("trial/start_together", "count", "worker groups that started their workers at "
-               "once, then measured one after another (execution.start_together; 1: alone)"))
+               "through Tune"))
 
 
 class RayRunner(Runner):
@@ -37,15 +35,8 @@ class RayRunner(Runner):
     _started = False
 
     def start(self) -> None:
-        self._started = cluster.connect(self.address, plan.embedded_cpus(self.spec))
+        self._started = cluster.connect(self.address)
         self.nodes = cluster.nodes()
-        # what one trial may be placed on: an embedded Ray's CPUs beyond its default shape hold
-        # worker groups waiting for their turn (execution.start_together), never a trial
-        # larger than this machine
-        self.capacity = self.nodes
-        if cluster.target(self.address) is None:
-            cap = cluster.local_shape()["CPU"]
-            self.capacity = [{**n, "CPU": min(n.get("CPU", 0.0), cap)} for n in self.nodes]
 
     def check(self, trials: list[TrialSpec]) -> None:
         spec = self.spec
@@ -73,7 +64,7 @@ class RayRunner(Runner):
             n.get(plan.NODE_TOKEN) for n in self.nodes)
         out = {}
         for t in trials:
-            why = plan.placement(t, self.capacity)
+            why = plan.placement(t, self.nodes)
             if no_token:
                 why = (f"concurrency per_node needs nodes started with --resources="
                        f"'{{\"{plan.NODE_TOKEN}\": 1}}' (see cluster/); this cluster has none")
@@ -89,7 +80,7 @@ class RayRunner(Runner):
         else:
             # a cluster joined may grow nodes later (an autoscaler): only an embedded Ray is
             # sure to be this one machine
-            _tune(self.spec, trials, self.out, done, name, self.capacity, self.nodes,
+            _tune(self.spec, trials, self.out, done, name, self.nodes,
                   embedded=cluster.target(self.address) is None)
 
 
@@ -108,10 +99,7 @@ def _scenarios(spec, trials: list[TrialSpec], done: Done) -> None:
 
 
 def _tune(spec, trials: list[TrialSpec], out: Path, done: Done, name: str,
-          nodes: list[dict[str, float]], room: list[dict[str, float]],
-          embedded: bool = False) -> None:
-    """`nodes`: what one trial may be placed on; `room`: the cluster's logical resources, which
-    on an embedded Ray also hold groups waiting for their turn (RayRunner.start)."""
+          nodes: list[dict[str, float]], embedded: bool = False) -> None:
     import ray
     from ray import tune
 
@@ -140,15 +128,6 @@ def _tune(spec, trials: list[TrialSpec], out: Path, done: Done, name: str,
 
         log.info("isolation worker: %d trials on %d worker groups", len(trials), len(groups))
         handoff = Handoff.remote()  # a group's next trial waits until this one's row is written
-    together, turns = 1, None
-    if execution.isolation == "worker" and limit == 1 and len(groups) > 1:
-        together, why = plan.start_together(groups, trials, strategies, room,
-                                            execution.start_together)
-        log.info(why)
-        if together > 1:
-            from raybench.trial import Turns
-
-            turns = Turns.remote(len(groups), together)
     parcels = None
     if len(nodes) > 1 or not embedded:  # rank 0 may run where this run directory is not
         from raybench.trial import Parcels
@@ -171,24 +150,15 @@ def _tune(spec, trials: list[TrialSpec], out: Path, done: Done, name: str,
                     _point_at_copy(outcome, trials_dir, name, files)
             if "fit_end" in outcome.stamps:  # Tune's report reaching the driver, with its row
                 outcome.metrics["overhead/report_s"] = time.time() - outcome.stamps["fit_end"]
-            outcome.metrics["trial/start_together"] = together
             done(by_index[i], outcome)
             if handoff is not None:
                 handoff.written.remote(i)
 
-        def on_trial_complete(self, iteration, trials, trial, **info):
-            if turns is not None:  # its rows are written and its workers gone: the next turn
-                turns.end.remote(trial.config["group"])
-
         def on_trial_error(self, iteration, trials, trial, **info):
             for i in groups[trial.config["group"]]:
                 if i not in reported:
-                    failed = TrialOutcome.failed(
-                        "error", f"Tune trial failed: {_read(trial.error_file)}")
-                    failed.metrics["trial/start_together"] = together
-                    done(by_index[i], failed)
-            if turns is not None:
-                turns.end.remote(trial.config["group"])
+                    done(by_index[i], TrialOutcome.failed(
+                        "error", f"Tune trial failed: {_read(trial.error_file)}"))
 
     by_index = {i: t for i, t in enumerate(trials)}
     tuner = tune.Tuner(
@@ -197,13 +167,11 @@ def _tune(spec, trials: list[TrialSpec], out: Path, done: Done, name: str,
                                  groups=groups,
                                  storage=storage, trials_dir=trials_dir, execution=execution,
                                  cwd=cwd, strategies=strategies, handoff=handoff,
-                                 parcels=parcels, turns=turns),
+                                 parcels=parcels),
             {"cpu": 0.01},  # the trainer's workers hold the real resources; {"cpu": 0} is rejected
         ),
         param_space={"group": tune.grid_search(list(range(len(groups))))},
-        # groups that start together are up at once: Tune runs that many trials
-        tune_config=tune.TuneConfig(max_concurrent_trials=max(limit, together),
-                                    reuse_actors=False),
+        tune_config=tune.TuneConfig(max_concurrent_trials=limit, reuse_actors=False),
         run_config=tune.RunConfig(
             name=name, storage_path=storage, verbose=0, callbacks=[Writer()],
             failure_config=tune.FailureConfig(max_failures=0),
