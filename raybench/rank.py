@@ -55,16 +55,11 @@ def run_trials(config: dict[str, Any]) -> TrialOutcome | None:
         # relative paths in a sweep (data, chip caches) mean the sweep's directory, not the
         # trial directory Tune may have moved this process tree into
         os.chdir(config["cwd"])
-    first = {"process_start": process_start(), "imported": IMPORTED_AT, "loop_entry": entry}
-    if config.get("relay") is not None:
-        # this run started while the previous trial's workers were ending (trial.Relay):
-        # measure only once they are gone and the next trial's process waits idle
-        ray.get(config["relay"].measure.remote(config["group"]))
-        first["turn"] = time.time()
     outcome = None
     for n, trial in enumerate(trials):
         start = entry if n == 0 else time.time()
-        stamps = first if n == 0 else {"loop_entry": start}
+        stamps = ({"process_start": process_start(), "imported": IMPORTED_AT,
+                   "loop_entry": entry} if n == 0 else {"loop_entry": start})
         ctx = _context(trial, config, stamps)
         if queue is not None and ctx.rank == 0:
             queue.put(("start", n, start))

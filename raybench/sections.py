@@ -157,12 +157,6 @@ class ExecutionSpec(Strict):
         "model and data, memory peaks and allocator caches reset, saving the group's start-up "
         "(seconds per trial); a trial that fails ends its group and the next starts fresh. "
         "Trials that keep a checkpoint always run alone. The row says which (trial/isolation)")
-    early_start: bool = Field(
-        True, description="concurrency: exclusive: a trial's Ray Train run (controller, "
-        "placement, worker processes) starts as soon as the previous trial's rows are written, "
-        "while that trial's workers end, instead of after they have ended; its ranks measure "
-        "only once they are gone (overhead/queued_s: that wait). Nothing measures beside "
-        "another trial's start or end either way. The row says which (trial/early_start)")
 
 
 class MlflowSpec(Strict):

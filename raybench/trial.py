@@ -112,74 +112,6 @@ class Handoff:
         await self._event(position).wait()
 
 
-class RelayOrder:
-    """When a Tune trial of a sweep that runs one at a time may start its Ray Train run, and
-    when its ranks may measure (`execution.early_start`). Tune trials are numbered in the order
-    Tune runs them, two up at once: a trial's run starts as soon as every row of the trial
-    before it is written (that one's workers are then ending, measuring nothing), and its ranks
-    measure once that trial has ended (its processes gone) and the next trial's process has
-    reached its own start, or ended: nothing starts or ends beside a measurement. Pure, for
-    the Relay actor."""
-
-    def __init__(self, trials: int) -> None:
-        self.trials = trials
-        self.arrived: set[int] = set()  # waiting for (or past) its run's start
-        self.written: set[int] = set()  # every row written
-        self.ended: set[int] = set()  # Tune trial over
-
-    def may_start(self, n: int) -> bool:
-        return n == 0 or n - 1 in self.written or n - 1 in self.ended
-
-    def before_gone(self, n: int) -> bool:
-        return n == 0 or n - 1 in self.ended
-
-    def next_settled(self, n: int) -> bool:
-        return n + 1 >= self.trials or n + 1 in self.arrived or n + 1 in self.ended
-
-
-@ray.remote(num_cpus=0)
-class Relay:
-    """RelayOrder between the Tune trials (`arrive`, before the Ray Train run), their ranks
-    (`measure`, before the first trial's set-up) and the driver (`written`, `ended`)."""
-
-    # The next trial's process normally reaches its start within seconds (an idle Ray
-    # worker taking Tune's trial): past this, measure without it rather than wait on a
-    # trial Ray cannot place.
-    NEXT_WAIT_S = 30.0
-
-    def __init__(self, trials: int) -> None:
-        self._order = RelayOrder(trials)
-        self._changed = asyncio.Condition()
-
-    async def _mark(self, marks: set[int], n: int) -> None:
-        async with self._changed:
-            marks.add(n)
-            self._changed.notify_all()
-
-    async def _until(self, ready: Any, timeout: float | None = None) -> bool:
-        async with self._changed:
-            try:
-                await asyncio.wait_for(self._changed.wait_for(ready), timeout)
-            except asyncio.TimeoutError:
-                return False
-        return True
-
-    async def arrive(self, n: int) -> None:
-        await self._mark(self._order.arrived, n)
-        await self._until(lambda: self._order.may_start(n))
-
-    async def measure(self, n: int) -> None:
-        await self._until(lambda: self._order.before_gone(n))
-        if not await self._until(lambda: self._order.next_settled(n), self.NEXT_WAIT_S):
-            log.warning("trial group %d measures without the next one at its start", n)
-
-    async def written(self, n: int) -> None:
-        await self._mark(self._order.written, n)
-
-    async def ended(self, n: int) -> None:
-        await self._mark(self._order.ended, n)
-
-
 @ray.remote(num_cpus=0)
 class Parcels:
     """Trials' files on their way from rank 0's node to the driver (artifacts.py): rank 0
@@ -202,8 +134,7 @@ class Parcels:
 
 def tune_entry(config: dict[str, Any], trials: list[TrialRef], groups: list[list[int]],
                storage: str, trials_dir: str, execution: ExecutionSpec, cwd: str,
-               strategies: dict[str, str], handoff: Any = None, parcels: Any = None,
-               relay: Any = None) -> None:
+               strategies: dict[str, str], handoff: Any = None, parcels: Any = None) -> None:
     """One Tune function trial: run one worker group's trials (plan.worker_groups; one trial
     under process isolation) and report each outcome to the driver as it ends, with the
     trial's position in `trials`.
@@ -213,21 +144,16 @@ def tune_entry(config: dict[str, Any], trials: list[TrialRef], groups: list[list
     trial needs (the grid's module brings the results table and the report)."""
     from ray import tune
 
-    relayed = {}
-    if relay is not None:  # early start: wait, idle, until the trial before has its rows
-        ray.get(relay.arrive.remote(config["group"]))
-        relayed = {"relay": relay, "group": config["group"]}
-    # the trial's time begins when it may start
     entry, start = time.time(), now()
     members = groups[config["group"]]
     group = [trials[i] for i in members]
     strategy = strategies[group[0].key]
     if len(group) == 1:
         outcomes = [(0, run_trial(group[0], storage, trials_dir, execution, cwd, strategy,
-                                  trial_start=entry, parcels=parcels, **relayed))]
+                                  trial_start=entry, parcels=parcels))]
     else:
         outcomes = run_group(group, storage, trials_dir, execution, cwd, strategy, entry,
-                             handoff, members, parcels, **relayed)
+                             handoff, members, parcels)
     for n, outcome in outcomes:
         outcome.start_time, outcome.end_time = start, now()
         start = outcome.end_time  # the next trial's time begins where this one's ends
@@ -237,18 +163,16 @@ def tune_entry(config: dict[str, Any], trials: list[TrialRef], groups: list[list
 
 def run_trial(trial: TrialRef, storage: str, trials_dir: str, execution: ExecutionSpec,
               cwd: str | None = None, strategy: str = "PACK",
-              trial_start: float | None = None, parcels: Any = None,
-              **relayed: Any) -> TrialOutcome:
+              trial_start: float | None = None, parcels: Any = None) -> TrialOutcome:
     """Fit one trial; a worker process that died is retried up to `execution.max_retries` times
-    on fresh workers. Returns {status, error, metrics, ...} with `trial/retries`, never raises.
-    `relayed`: the Relay actor and this Tune trial's number, under early start."""
+    on fresh workers. Returns {status, error, metrics, ...} with `trial/retries`, never raises."""
     lost: list[str] = []
     while True:
         start = time.monotonic()
         fit_start = time.time()
         try:
             result = _trainer([trial], None, storage, trials_dir, execution, cwd, strategy,
-                              len(lost), parcels=parcels, **relayed).fit()
+                              len(lost), parcels=parcels).fit()
         except Exception as e:  # a failed trial is a row, never a lost sweep
             out = failure(e, trial.resources)
         else:
@@ -269,8 +193,7 @@ def run_trial(trial: TrialRef, storage: str, trials_dir: str, execution: Executi
 
 def run_group(trials: list[TrialRef], storage: str, trials_dir: str, execution: ExecutionSpec,
               cwd: str | None, strategy: str, trial_start: float, handoff: Any,
-              positions: list[int], parcels: Any = None,
-              **relayed: Any) -> Iterator[tuple[int, TrialOutcome]]:
+              positions: list[int], parcels: Any = None) -> Iterator[tuple[int, TrialOutcome]]:
     """Fit one worker group for `trials` (same shape: plan.worker_groups) and yield
     (position, outcome) as each trial ends. A trial that fails ends its group (its other ranks
     may be waiting for it in a collective, and a process that ran out of memory or raised is
@@ -291,7 +214,7 @@ def run_group(trials: list[TrialRef], storage: str, trials_dir: str, execution: 
         trainer = _trainer(group, queue, storage, trials_dir, execution, cwd, strategy, attempt,
                            # sweep positions, for the driver's word on rows
                            handoff=handoff, positions=[positions[i] for i in pending],
-                           parcels=parcels, **relayed)
+                           parcels=parcels)
         thread = threading.Thread(target=_fit_into, args=(trainer, box, queue), daemon=True)
         thread.start()
         started: dict[int, float] = {}

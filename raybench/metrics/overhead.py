@@ -22,9 +22,6 @@ declare(
     Metric("overhead/worker_start_s", "s", "part of train_start: that process's start to the "
            "rank entering its loop (Python, Ray's worker, Ray Train's worker set-up with torch "
            "and the process group, the trial function and raybench loaded)"),
-    Metric("overhead/queued_s", "s", "ranks that started while the previous trial's workers "
-           "were ending (execution.early_start) waiting, idle, for them to be gone before "
-           "measuring (slowest rank)"),
     Metric("overhead/rank_prep_s", "s", "a rank's device, threads and math mode (slowest rank)"),
     Metric("overhead/setup_s", "s", "the workload's model and data (slowest rank)"),
     Metric("overhead/warmup_s", "s", "unmeasured warmup steps (slowest rank)"),
@@ -42,9 +39,8 @@ def fixed_cost(records: list[RankRecord] | list[dict[str, Any]],
     stamps of the runner (`trial_start`, `fit_start`, `fit_end`) and of every rank. Phases:
     trial_start (the runner's own start of the trial: Tune's function trial, the trainer),
     train_start (Ray Train: controller actor, worker placement and processes, their imports,
-    the process group; to the last rank's entry), queued (an early-started run's wait for
-    the previous trial's workers to be gone), rank_prep (device, threads, math mode), setup
-    (the workload's model and data), warmup, record (FLOP count, trace, gathering the
+    the process group; to the last rank's entry), rank_prep (device, threads, math mode),
+    setup (the workload's model and data), warmup, record (FLOP count, trace, gathering the
     records), teardown (the worker group and controller ending). Empty without stamps."""
     records = [RankRecord.of(r) for r in records or []]
     st = [r.stamps for r in records]
@@ -53,10 +49,8 @@ def fixed_cost(records: list[RankRecord] | list[dict[str, Any]],
         return {}
     rank0 = min(records, key=lambda r: r.rank).stamps
     entry = max(s["loop_entry"] for s in st)
-    queued = max(s["turn"] - s["loop_entry"] for s in st) if all("turn" in s for s in st) else 0
     out: dict[str, Any] = {
-        "overhead/rank_prep_s": max(s["setup_start"] - s.get("turn", s["loop_entry"])
-                                    for s in st),
+        "overhead/rank_prep_s": max(s["setup_start"] - s["loop_entry"] for s in st),
         "overhead/setup_s": max(s["setup_end"] - s["setup_start"] for s in st),
         "overhead/warmup_s": float(max(sum(r.warmup_s) for r in records)),
     }
@@ -74,8 +68,6 @@ def fixed_cost(records: list[RankRecord] | list[dict[str, Any]],
         start = stamps.get("trial_start", stamps.get("fit_start", entry))
         measured = max(sum(r.windows_s) for r in records)
         out["overhead/fixed_s"] = stamps["fit_end"] - start - measured
-    if queued:
-        out["overhead/queued_s"] = queued
     return out
 
 

@@ -27,9 +27,7 @@ from raybench.spec import SpecError
 log = logging.getLogger("raybench.sweep")
 
 declare(Metric("overhead/report_s", "s", "the trial's end to its outcome reaching the driver "
-               "through Tune"),
-        Metric("trial/early_start", "count", "1: the trial's Ray Train run started while the "
-               "previous trial's workers were ending (execution.early_start)"))
+               "through Tune"))
 
 
 class RayRunner(Runner):
@@ -130,13 +128,6 @@ def _tune(spec, trials: list[TrialSpec], out: Path, done: Done, name: str,
 
         log.info("isolation worker: %d trials on %d worker groups", len(trials), len(groups))
         handoff = Handoff.remote()  # a group's next trial waits until this one's row is written
-    relay = None
-    if execution.early_start and limit == 1 and len(groups) > 1:
-        from raybench.trial import Relay
-
-        log.info("early start: each Ray Train run starts as the previous trial's rows are written")
-        relay = Relay.remote(len(groups))
-    group_of = {i: g for g, members in enumerate(groups) for i in members}
     parcels = None
     if len(nodes) > 1 or not embedded:  # rank 0 may run where this run directory is not
         from raybench.trial import Parcels
@@ -159,27 +150,15 @@ def _tune(spec, trials: list[TrialSpec], out: Path, done: Done, name: str,
                     _point_at_copy(outcome, trials_dir, name, files)
             if "fit_end" in outcome.stamps:  # Tune's report reaching the driver, with its row
                 outcome.metrics["overhead/report_s"] = time.time() - outcome.stamps["fit_end"]
-            outcome.metrics["trial/early_start"] = int(relay is not None)
             done(by_index[i], outcome)
             if handoff is not None:
                 handoff.written.remote(i)
-            g = group_of[i]
-            if relay is not None and all(m in reported for m in groups[g]):
-                relay.written.remote(g)  # the next Tune trial's run may start
-
-        def on_trial_complete(self, iteration, trials, trial, **info):
-            if relay is not None:  # its processes are gone: the next one may measure
-                relay.written.remote(trial.config["group"])
-                relay.ended.remote(trial.config["group"])
 
         def on_trial_error(self, iteration, trials, trial, **info):
             for i in groups[trial.config["group"]]:
                 if i not in reported:
-                    failed = TrialOutcome.failed(
-                        "error", f"Tune trial failed: {_read(trial.error_file)}")
-                    failed.metrics["trial/early_start"] = int(relay is not None)
-                    done(by_index[i], failed)
-            self.on_trial_complete(iteration, trials, trial)
+                    done(by_index[i], TrialOutcome.failed(
+                        "error", f"Tune trial failed: {_read(trial.error_file)}"))
 
     by_index = {i: t for i, t in enumerate(trials)}
     tuner = tune.Tuner(
@@ -188,13 +167,11 @@ def _tune(spec, trials: list[TrialSpec], out: Path, done: Done, name: str,
                                  groups=groups,
                                  storage=storage, trials_dir=trials_dir, execution=execution,
                                  cwd=cwd, strategies=strategies, handoff=handoff,
-                                 parcels=parcels, relay=relay),
+                                 parcels=parcels),
             {"cpu": 0.01},  # the trainer's workers hold the real resources; {"cpu": 0} is rejected
         ),
         param_space={"group": tune.grid_search(list(range(len(groups))))},
-        # early start: the next Tune trial is up (idle, waiting for its start) beside this one
-        tune_config=tune.TuneConfig(max_concurrent_trials=2 if relay is not None else limit,
-                                    reuse_actors=False),
+        tune_config=tune.TuneConfig(max_concurrent_trials=limit, reuse_actors=False),
         run_config=tune.RunConfig(
             name=name, storage_path=storage, verbose=0, callbacks=[Writer()],
             failure_config=tune.FailureConfig(max_failures=0),
