@@ -129,13 +129,19 @@ def concurrency_limit(trials: list[TrialSpec], nodes: list[dict[str, float]],
 
 def worker_groups(trials: list[TrialSpec], strategies: dict[str, str], isolation: str,
                   limit: int) -> list[list[int]]:
-    """Which trials share a worker group, as positions in `trials`, each group in grid order.
+    """Which trials share a worker group, as positions in `trials`, each group in the order
+    its trials run: the most ranks first, grid order among equals.
 
-    `process`: every trial alone. `worker`: trials of one shape (workers, resources per
-    worker, placement strategy, hardware.env: what a worker group is started with) share a
-    group; where `limit` trials may run at once, a shape's trials are dealt over up to `limit`
-    groups so the sweep stays as parallel as before. A trial that keeps a checkpoint runs alone:
-    Ray Train hands back one checkpoint per run."""
+    `process`: every trial alone. `worker`: trials of one shape (resources per worker,
+    placement strategy, hardware.env: what a worker group is started with) share a group.
+    Where trials run one at a time (`limit` 1) and are packed, trials of every rank count share
+    one group of the most ranks: they run widest first, and before a trial of fewer ranks the
+    group's last ranks leave it (rank.py), ending their part of the run while their resources
+    stay held, which no other trial could use meanwhile. Otherwise a group has one rank count:
+    a spread group's first ranks are not a spread placement of fewer, and where `limit` trials
+    may run at once, a shape's trials are dealt over up to `limit` groups so the sweep stays
+    as parallel as before. A trial that keeps a checkpoint runs alone: Ray Train hands back one
+    checkpoint per run."""
     from raybench import workloads
 
     if isolation == "process":
@@ -147,11 +153,13 @@ def worker_groups(trials: list[TrialSpec], strategies: dict[str, str], isolation
             alone.append([i])
             continue
         res = t.resources()
-        shape = (res["workers"], tuple(sorted(res["per_worker"].items())), strategies[t.key],
-                 tuple(sorted(t.hardware.env.items())))
+        packed = limit == 1 and strategies[t.key] == "PACK"
+        shape = (None if packed else res["workers"], tuple(sorted(res["per_worker"].items())),
+                 strategies[t.key], tuple(sorted(t.hardware.env.items())))
         shapes.setdefault(shape, []).append(i)
     out = []
     for members in shapes.values():
+        members.sort(key=lambda i: -trials[i].resources()["workers"])  # stable: grid order
         n = min(limit, len(members))
         out += [members[k::n] for k in range(n)]
     return sorted(out + alone)

@@ -21,6 +21,7 @@ import ray.train
 from ray.train.backend import Backend, BackendConfig
 
 SHUTDOWN_TIMEOUT_S = 30.0  # a rank stuck in a collective must not hold the group's end forever
+TIMEOUT_S = 1800.0  # a collective's limit, as under Ray's TorchConfig
 
 
 def _rendezvous() -> tuple[str, int]:
@@ -32,23 +33,56 @@ def _rendezvous() -> tuple[str, int]:
 
 def _join(backend: str, url: str, timeout_s: float) -> None:
     """On every rank: the environment torchrun would give it, then the process group."""
+    ctx = ray.train.get_context()
+    _init(backend, url, timeout_s, ctx.get_world_rank(), ctx.get_world_size(),
+          ctx.get_local_rank(), ctx.get_local_world_size(), ctx.get_node_rank())
+
+
+def _init(backend: str, url: str, timeout_s: float, rank: int, size: int, local_rank: int,
+          local_size: int, node_rank: int) -> None:
     import torch.distributed as dist
 
-    ctx = ray.train.get_context()
     os.environ.update({
-        "RANK": str(ctx.get_world_rank()), "WORLD_SIZE": str(ctx.get_world_size()),
-        "LOCAL_RANK": str(ctx.get_local_rank()),
-        "LOCAL_WORLD_SIZE": str(ctx.get_local_world_size()),
-        "NODE_RANK": str(ctx.get_node_rank()),
+        "RANK": str(rank), "WORLD_SIZE": str(size), "LOCAL_RANK": str(local_rank),
+        "LOCAL_WORLD_SIZE": str(local_size), "NODE_RANK": str(node_rank),
     })
     if backend == "nccl" and not any(k in os.environ for k in (
             "TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_BLOCKING_WAIT")):
         # a collective that times out ends the process instead of hanging it (torch's
         # documented switch; the user's own setting wins)
         os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"
-    dist.init_process_group(backend=backend, init_method=url, rank=ctx.get_world_rank(),
-                            world_size=ctx.get_world_size(),
+    dist.init_process_group(backend=backend, init_method=url, rank=rank, world_size=size,
                             timeout=timedelta(seconds=timeout_s))
+
+
+def narrow(size: int) -> bool:
+    """On every rank still in the group's loop, before a trial of `size` ranks, fewer than the
+    process group has: the group's first `size` ranks form a process group of their own, as a
+    fresh worker group of `size` would (same backend and timeout, a new rendezvous at rank 0,
+    whose address goes round the old group), and the others leave the old one. Returns whether
+    this rank is one of the `size`: one that is not has no trial left to run (plan.worker_groups
+    runs a group's trials widest first)."""
+    import torch.distributed as dist
+
+    ctx = ray.train.get_context()
+    rank = ctx.get_world_rank()
+    backend = dist.get_backend()
+    url = [_url(*_rendezvous()) if rank == 0 else None]
+    dist.broadcast_object_list(url, src=0)
+    dist.destroy_process_group()
+    if rank >= size:
+        return False
+    # Ray Train numbers the ranks node by node: this node's ranks are one run of world ranks
+    first = rank - ctx.get_local_rank()
+    local_size = min(first + ctx.get_local_world_size(), size) - first
+    _init(backend, url[0], TIMEOUT_S, rank, size, ctx.get_local_rank(),
+          local_size, ctx.get_node_rank())
+    return True
+
+
+def _url(addr: str, port: int) -> str:
+    host = f"[{addr}]" if ":" in addr else addr  # an IPv6 address
+    return f"tcp://{host}:{port}"
 
 
 def _leave() -> None:
@@ -77,9 +111,7 @@ class _CudaDevice:
 
 class _ProcessGroup(Backend):
     def on_start(self, worker_group: Any, config: ProcessGroupConfig) -> None:
-        addr, port = worker_group.execute_single(0, _rendezvous)
-        host = f"[{addr}]" if ":" in addr else addr  # an IPv6 address
-        url = f"tcp://{host}:{port}"
+        url = _url(*worker_group.execute_single(0, _rendezvous))
         ray.get([worker_group.execute_single_async(i, _join, config.backend, url,
                                                    config.timeout_s)
                  for i in range(len(worker_group))])
@@ -96,7 +128,7 @@ class ProcessGroupConfig(BackendConfig):
     """`backend`: "nccl" for GPU ranks, "gloo" for CPU ranks and logical GPUs."""
 
     backend: str = "gloo"
-    timeout_s: float = 1800.0  # a collective's limit, as under Ray's TorchConfig
+    timeout_s: float = TIMEOUT_S
 
     @property
     def backend_cls(self) -> type[Backend]:

@@ -25,7 +25,7 @@ import ray.train
 import ray.train.torch
 import torch
 
-from raybench import artifacts, metrics, workloads
+from raybench import artifacts, metrics, process_group, workloads
 from raybench.context import WorkerContext, process_start
 from raybench.grid import TrialSpec, artifact_dir, trace_path
 from raybench.records import TrialOutcome
@@ -45,7 +45,8 @@ def run_trials(config: dict[str, Any]) -> TrialOutcome | None:
     already). With one trial, rank 0's return value is that outcome; with several, rank 0
     hands each to the Tune trial through `config["queue"]` as the trial ends (a "start"
     message before it), and the next trial builds everything afresh in the same
-    processes."""
+    processes. A trial of fewer ranks than the group runs on its first ranks
+    (process_group.narrow; the group runs its widest trials first): the others return."""
     # validated once, at expansion; pickled, and put by reference (trial.TrialRef): loading
     # them imports their workloads, as unpickling the function's config did before its entry
     trials: list[TrialSpec] = ray.get(config["trials"])
@@ -56,8 +57,13 @@ def run_trials(config: dict[str, Any]) -> TrialOutcome | None:
         # trial directory Tune may have moved this process tree into
         os.chdir(config["cwd"])
     outcome = None
+    size = ray.train.get_context().get_world_size()
     for n, trial in enumerate(trials):
         start = entry if n == 0 else time.time()
+        if trial.hardware.world_size < size:
+            size = trial.hardware.world_size
+            if not process_group.narrow(size):  # part of the trial's rank_prep
+                return None  # the trials left run on the group's first ranks
         stamps = ({"process_start": process_start(), "imported": IMPORTED_AT,
                    "loop_entry": entry} if n == 0 else {"loop_entry": start})
         ctx = _context(trial, config, stamps)
@@ -121,7 +127,8 @@ def _context(trial: TrialSpec, config: dict[str, Any], stamps: dict[str, float]
     logical = config.get("logical_gpus", False)
     return WorkerContext(
         rank=tctx.get_world_rank(), local_rank=tctx.get_local_rank(),
-        world_size=tctx.get_world_size(), node_rank=tctx.get_node_rank(),
+        world_size=trial.hardware.world_size,  # the group's may be more (process_group.narrow)
+        node_rank=tctx.get_node_rank(),
         device=torch.device("cpu") if logical else ray.train.torch.get_device(),
         hardware=trial.hardware,
         node_id=rt.get_node_id(), node_ip=ray.util.get_node_ip_address(),

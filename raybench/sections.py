@@ -155,8 +155,11 @@ class ExecutionSpec(Strict):
         "worker group of its own); worker: trials of the same shape (workers, resources, "
         "placement, hardware.env) run one after another on one worker group, each with a fresh "
         "model and data, memory peaks and allocator caches reset, saving the group's start-up "
-        "(seconds per trial); a trial that fails ends its group and the next starts fresh. "
-        "Trials that keep a checkpoint always run alone. The row says which (trial/isolation)")
+        "(seconds per trial); with trials one at a time on packed placements, trials of every "
+        "rank count share a group, widest first, and before a trial of fewer ranks the group's "
+        "last ranks leave it. A trial that fails ends its group and the next starts fresh. "
+        "Trials that keep a checkpoint always run alone. The row says which (trial/isolation, "
+        "trial/group_ranks)")
 
 
 class MlflowSpec(Strict):

@@ -46,6 +46,9 @@ declare(
            "or worker (a worker group shared by trials of one shape)"),
     Metric("trial/group_position", "count", "trials the worker group ran before this one "
            "(0: this trial started its workers and carries their start-up)"),
+    Metric("trial/group_ranks", "count", "ranks the worker group started with: the trial's "
+           "own, or more where wider trials ran on the group before it (this one ran on its "
+           "first ranks; the others had left)"),
     Metric("cluster/placement_strategy", "text", "the worker group's placement strategy"),
     Metric("cluster/concurrency", "text", "execution.concurrency"),
     Metric("train/checkpoint", "text", "where Ray Train kept rank 0's checkpoint"),
@@ -188,14 +191,14 @@ def run_trial(trial: TrialRef, storage: str, trials_dir: str, execution: Executi
             continue
         if trial_start is not None:  # a retried trial's fixed cost includes its lost attempts
             out.stamps["trial_start"] = trial_start
-        return _finish(out, lost, strategy, execution, position=0)
+        return _finish(out, lost, strategy, execution, 0, trial.hardware.world_size)
 
 
 def run_group(trials: list[TrialRef], storage: str, trials_dir: str, execution: ExecutionSpec,
               cwd: str | None, strategy: str, trial_start: float, handoff: Any,
               positions: list[int], parcels: Any = None) -> Iterator[tuple[int, TrialOutcome]]:
-    """Fit one worker group for `trials` (same shape: plan.worker_groups) and yield
-    (position, outcome) as each trial ends. A trial that fails ends its group (its other ranks
+    """Fit one worker group for `trials` (one shape, widest first: plan.worker_groups) and
+    yield (position, outcome) as each trial ends. A trial that fails ends its group (its other ranks
     may be waiting for it in a collective, and a process that ran out of memory or raised is
     not one to measure in again): it becomes a row, or is retried on fresh workers when a
     worker died (`execution.max_retries`), and the trials after it start a fresh group."""
@@ -211,6 +214,7 @@ def run_group(trials: list[TrialRef], storage: str, trials_dir: str, execution: 
         box: dict[str, Any] = {}
         fit_start, mono = time.time(), time.monotonic()
         group = [trials[i] for i in pending]
+        ranks = _ranks(group)
         trainer = _trainer(group, queue, storage, trials_dir, execution, cwd, strategy, attempt,
                            # sweep positions, for the driver's word on rows
                            handoff=handoff, positions=[positions[i] for i in pending],
@@ -236,7 +240,8 @@ def run_group(trials: list[TrialRef], storage: str, trials_dir: str, execution: 
             out.stamps = {"trial_start": begin, "fit_end": end}
             if n == 0:  # the group's first trial carries its start-up
                 out.stamps["fit_start"] = fit_start
-            yield pending[n], _finish(out, lost.get(pending[n], []), strategy, execution, n)
+            yield pending[n], _finish(out, lost.get(pending[n], []), strategy, execution, n,
+                                      ranks)
             begin, finished = end, n + 1
         thread.join()
         queue.shutdown()
@@ -257,7 +262,7 @@ def run_group(trials: list[TrialRef], storage: str, trials_dir: str, execution: 
                         trials[i].index, trials[i].key, len(reasons), execution.max_retries)
             pending = pending[finished:]
             continue
-        yield i, _finish(out, reasons, strategy, execution, finished)
+        yield i, _finish(out, reasons, strategy, execution, finished, ranks)
         begin = time.time()
         pending = pending[finished + 1:]
 
@@ -295,8 +300,13 @@ def _reason(out: TrialOutcome) -> str:
     return " ".join((out.error or "").splitlines()[:2])[:300]
 
 
+def _ranks(trials: list[TrialRef]) -> int:
+    """A worker group's ranks: its widest trial's (plan.worker_groups)."""
+    return max(t.hardware.world_size for t in trials)
+
+
 def _finish(out: TrialOutcome, lost: list[str], strategy: str, execution: ExecutionSpec,
-            position: int) -> TrialOutcome:
+            position: int, ranks: int) -> TrialOutcome:
     """The row fields every Ray Train trial carries, whatever became of it."""
     if out.ok:
         out.metrics.update(overhead.fixed_cost(out.records, out.stamps))
@@ -304,6 +314,7 @@ def _finish(out: TrialOutcome, lost: list[str], strategy: str, execution: Execut
         out.metrics["cluster/concurrency"] = execution.concurrency
     out.metrics["trial/isolation"] = execution.isolation
     out.metrics["trial/group_position"] = position
+    out.metrics["trial/group_ranks"] = ranks
     out.metrics["trial/retries"] = len(lost)
     if lost:
         out.metrics["trial/retry_reasons"] = " | ".join(lost)
@@ -321,7 +332,8 @@ def _worker_env(trial: TrialRef | TrialSpec, execution: ExecutionSpec) -> dict[s
 def _trainer(trials: list[TrialRef], queue: Any, storage: str, trials_dir: str,
              execution: ExecutionSpec, cwd: str | None, strategy: str,
              attempt: int, **config: Any) -> DataParallelTrainer:
-    """One Ray Train run for `trials` (one, or a worker group's, all of one shape). `storage`
+    """One Ray Train run for `trials` (one, or a worker group's: one shape, as many ranks as
+    the widest, which runs first). `storage`
     is Ray Train's storage path (a local folder or a URI), `trials_dir` where rank 0 writes
     traces and artefacts (on its own node), `strategy` the placement (plan.strategy), `queue`
     where rank 0 hands a group's outcomes over (None: one trial, through its return value)."""
@@ -330,6 +342,7 @@ def _trainer(trials: list[TrialRef], queue: Any, storage: str, trials_dir: str,
     os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = str(execution.start_timeout_s)
     first = trials[0]
     hw = first.hardware
+    assert hw.world_size == _ranks(trials), "a group's widest trial runs first"
     per_worker = dict(first.resources["per_worker"])
     if execution.concurrency == "per_node":
         # the workers of a trial share one node's token between them, so no other trial's

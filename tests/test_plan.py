@@ -79,18 +79,21 @@ def test_worker_groups_share_workers_by_shape_only(write_sweep):
         grid: {cpu_workers: [1, 2], batch_size: [4, 8, 16]}
         """))
     ts = expand(spec)
-    shape = {i: t.hardware.cpu_workers for i, t in enumerate(ts)}
+    ranks = {i: t.hardware.cpu_workers for i, t in enumerate(ts)}
     strategies = {t.key: "PACK" for t in ts}
     # process isolation: every trial starts its own workers
     assert worker_groups(ts, strategies, "process", 1) == [[i] for i in range(len(ts))]
-    # worker: one group per shape, grid order kept inside it
-    groups = worker_groups(ts, strategies, "worker", 1)
-    assert sorted(i for g in groups for i in g) == list(range(len(ts)))
-    assert len(groups) == 2
+    # worker, one trial at a time, packed: one group of every rank count, the two-rank trials
+    # first (grid order among them), so that its second rank can leave for the one-rank ones
+    assert worker_groups(ts, strategies, "worker", 1) == [[3, 4, 5, 0, 1, 2]]
+    # room for two trials at once: a group per rank count, each dealt over two groups
+    groups = worker_groups(ts, strategies, "worker", 2)
+    assert sorted(map(len, groups)) == [1, 1, 2, 2]
     for g in groups:
-        assert g == sorted(g) and len({shape[i] for i in g}) == 1
-    # room for two trials at once: each shape dealt over two groups
-    assert sorted(map(len, worker_groups(ts, strategies, "worker", 2))) == [1, 1, 2, 2]
+        assert g == sorted(g) and len({ranks[i] for i in g}) == 1
+    # spread: a spread group's first ranks are not a spread placement of fewer
+    spread = worker_groups(ts, {t.key: "SPREAD" for t in ts}, "worker", 1)
+    assert spread == [[0, 1, 2], [3, 4, 5]]
     # a different placement or environment is a different worker group
     strategies[ts[0].key] = "SPREAD"
     assert [0] in worker_groups(ts, strategies, "worker", 1)

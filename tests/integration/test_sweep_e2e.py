@@ -16,8 +16,8 @@ from tests.conftest import ROOT
 
 pytestmark = pytest.mark.ray
 
-# The local sweep, shortened: fewer steps, and only batch 8 of its batch axis (2 trials: 1 and
-# 2 ranks; each trial costs CI about 20 s).
+# The local sweep, shortened: fewer steps, and only batch 8 of its batch axis (2 trials: 2 and
+# then 1 rank, on one worker group).
 QUICK = ["--set", "measure.measure_steps=4", "--set", "measure.warmup_steps=1", "--set",
          "measure.repeats=1"]
 TWO = ["--set", "grid.batch_size=[8]"]
@@ -71,12 +71,20 @@ def test_every_trial_is_an_ok_row_with_throughput(local_sweep):
     phases = ["trial_start", "train_start", "rank_prep", "setup", "warmup", "record",
               "teardown"]
     for _, row in df.iterrows():
-        parts = [row[f"overhead/{p}_s"] for p in phases]
-        assert all(x >= 0 for x in parts), dict(zip(phases, parts, strict=True))
+        # a group's later trials start no workers: no trial_start or train_start of their own
+        names = phases if row["trial/group_position"] == 0 else phases[2:]
+        parts = [row[f"overhead/{p}_s"] for p in names]
+        assert all(x >= 0 for x in parts), dict(zip(names, parts, strict=True))
         assert row["overhead/report_s"] >= 0
         if row["train/world_size"] == 1:
             assert sum(parts) <= row["overhead/fixed_s"] + 0.1
     assert set(df["train/world_size"]) == {1, 2}
+    # one worker group of two ranks for both (isolation: worker, trials one at a time): the
+    # two-rank trial first, then the one-rank trial on its first rank; one start-up
+    by_ranks = df.set_index("train/world_size")
+    assert list(by_ranks.loc[[2, 1], "trial/group_position"]) == [0, 1]
+    assert (df["trial/group_ranks"] == 2).all()
+    assert df["overhead/train_start_s"].notna().sum() == 1
     assert df["trial_key"].is_unique
     csv = pd.read_csv(out / "results.csv")
     assert list(csv.columns) == list(df.columns)
