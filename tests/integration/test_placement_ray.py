@@ -1,8 +1,10 @@
 """Placement on a real Ray: plans of every sweep file against clusters shaped like their systems,
-and a worker group that cannot be placed ending quickly instead of hanging."""
+and a worker group that cannot be placed ending quickly instead of hanging (on an embedded Ray,
+ended as a sweep ends it)."""
 
 from __future__ import annotations
 
+import signal
 import time
 from pathlib import Path
 
@@ -67,6 +69,8 @@ def test_blocked_worker_group_gives_up_quickly(tmp_path, write_sweep):
 
     (trial,) = expand(load_sweep(write_sweep(), ["grid={}"]))
     ray.init(num_cpus=2)
+    node = ray._private.worker._global_node
+    procs = {kind: [i.process for i in infos] for kind, infos in node.all_processes.items()}
     try:
         hog = placement_group([{"CPU": 2}])
         ray.get(hog.ready(), timeout=30)
@@ -76,7 +80,12 @@ def test_blocked_worker_group_gives_up_quickly(tmp_path, write_sweep):
         elapsed = time.monotonic() - t0
         remove_placement_group(hog)
     finally:
-        ray.shutdown()
+        cluster.shutdown()  # as the sweep ends its embedded Ray
+    # Ray's autoscaler monitor was killed at once, not given Ray's grace after the GCS ended
+    # (which it always used up); every process this Ray started has ended
+    (monitor,) = procs["monitor"]
+    assert monitor.returncode == -signal.SIGKILL
+    assert all(p.poll() is not None for ps in procs.values() for p in ps), procs
     assert out.status == "infeasible", out
     assert "could not be placed" in out.error and "'CPU': 1.0" in out.error
     assert elapsed < 45
