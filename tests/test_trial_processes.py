@@ -5,7 +5,8 @@ torch and a workload's model library cost each of them 2.7 s of a core at every 
 start (docs/performance.md). They get a trial as `trial.TrialRef` (its spec by reference), the
 function `trial.train_loop` and the backend `process_group.ProcessGroupConfig`, all unpickled
 by reference to their modules. The sweep's driver validates the workload's parameters, so it
-imports the workload module and torch, but not the model library (torchvision: 1.4 s).
+imports the workload module and torch, but not the model library (torchvision: 1.4 s), nor
+MLflow for Tune's count of its callbacks (0.7 s).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import os
 import pickle
 import subprocess
 import sys
+
+import pytest
 
 from raybench.grid import expand
 from raybench.process_group import ProcessGroupConfig
@@ -102,3 +105,24 @@ def test_the_backend_config_is_recorded_as_torch():
     config = ProcessGroupConfig(backend="nccl")
     assert config.to_dict() == {"backend": "nccl", "timeout_s": 1800.0}
     assert config.framework.value == "torch"  # what Ray's run state and dashboard show
+
+
+CENSUS = ("import sys; from ray import tune; from ray.air._internal import usage; "
+          "from raybench.runners import on_ray; on_ray._skip_callback_census(); "
+          "usage.tag_callbacks([tune.Callback()]); print('mlflow' in sys.modules)")
+
+
+def _mlflow_loaded_by_tunes_census(stats: str) -> str:
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": stats}
+    proc = subprocess.run([sys.executable, "-c", CENSUS], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout.strip()
+
+
+def test_the_sweep_driver_skips_tunes_callback_census_when_usage_statistics_are_off():
+    pytest.importorskip("mlflow")  # the dev extra's: the census would import it
+    # off (raybench's default): nothing is recorded, so Tune's import of MLflow is skipped
+    assert _mlflow_loaded_by_tunes_census("0") == "False"
+    # on: Tune counts its callbacks as it does without raybench
+    assert _mlflow_loaded_by_tunes_census("1") == "True"
