@@ -126,6 +126,7 @@ def raybench_side(scenes: Path, labels: Path, out: Path, chip: int, cpus: int | 
                   settle: float = SETTLE_S) -> dict[str, Any]:
     import ray
 
+    from raybench import cluster
     from raybench.data.chip import chip_scenes
     from raybench.data.chipread import ChipParams
 
@@ -153,7 +154,7 @@ def raybench_side(scenes: Path, labels: Path, out: Path, chip: int, cpus: int | 
         s = _settled_then_warm(
             lambda folder: chip_scenes(scenes, labels, folder, params, select="all"), out)
     finally:
-        ray.shutdown()
+        cluster.shutdown()
     return {**s, "ray_start_s": start_s, "ray_data_start_s": data_start_s,
             "workers_start_s": workers_start_s,
             # the figure earlier versions reported: Ray Data's session start counted in
