@@ -50,12 +50,17 @@ VALIDATE = ("import sys; from raybench import cli; loaded = cli.load(sys.argv[1]
             "assert loaded; print('torchvision' in sys.modules)")
 
 
-def _torchvision_loaded(sweep: str, *overrides: str) -> str:
-    """Whether validating `sweep` in a fresh interpreter imports torchvision: "True"/"False"."""
-    proc = subprocess.run([sys.executable, "-c", VALIDATE, sweep, *overrides], cwd=ROOT,
+def _printed(code: str, *args: str, env: dict[str, str] | None = None) -> str:
+    """What `code` prints, run in a fresh interpreter with `args`."""
+    proc = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc.stdout.strip()
+
+
+def _torchvision_loaded(sweep: str, *overrides: str) -> str:
+    """Whether validating `sweep` in a fresh interpreter imports torchvision: "True"/"False"."""
+    return _printed(VALIDATE, sweep, *overrides)
 
 
 def test_validating_an_image_sweep_imports_no_model_library():
@@ -113,11 +118,7 @@ CENSUS = ("import sys; from ray import tune; from ray.air._internal import usage
 
 
 def _mlflow_loaded_by_tunes_census(stats: str) -> str:
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": stats}
-    proc = subprocess.run([sys.executable, "-c", CENSUS], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return proc.stdout.strip()
+    return _printed(CENSUS, env={**os.environ, "RAY_USAGE_STATS_ENABLED": stats})
 
 
 def test_the_sweep_driver_skips_tunes_callback_census_when_usage_statistics_are_off():
