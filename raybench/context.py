@@ -137,6 +137,18 @@ class WorkerContext:
         self._own_marks.clear()
         self._own.clear()
 
+    def measured_counts(self) -> tuple[dict[str, int], int]:
+        """How many phase and own-compute times are kept so far: `drop_measured`'s mark."""
+        return {k: len(v) for k, v in self.phase_s.items()}, len(self.own_s)
+
+    def drop_measured(self, counts: tuple[dict[str, int], int]) -> None:
+        """Forget the phase and own-compute times kept before `counts` (measured_counts): those
+        of windows that became warmup."""
+        phases, own = counts
+        for name, times in self.phase_s.items():
+            del times[:phases.get(name, 0)]
+        del self.own_s[:own]
+
     def _watch_own_compute(self, module: torch.nn.Module) -> None:
         """Mark this rank's own forward and backward inside DDP, apart from waiting for others.
 
@@ -254,10 +266,16 @@ class WorkerContext:
         )
 
     def all_reduce_max(self, value: float) -> float:
+        return self._all_reduce(value, "MAX")
+
+    def all_reduce_sum(self, value: float) -> float:
+        return self._all_reduce(value, "SUM")
+
+    def _all_reduce(self, value: float, op: str) -> float:
         if not self.distributed:
             return value
         t = torch.tensor([value], dtype=torch.float64, device=self._collective_device())
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
         return float(t.item())
 
     def barrier(self) -> None:

@@ -228,7 +228,8 @@ def _with_workload_defaults(spec: SweepSpec, params: WorkloadParams,
     """A workload's own window defaults (per mode, say) fill the measure fields left unset."""
     cls = workloads.get(spec.workload_name)
     if cls.epoch_based:
-        fixed = [k for k in ("measure_steps", "measure_seconds", "repeats") if k in measure]
+        fixed = [k for k in ("measure_steps", "measure_seconds", "repeats", "max_repeats")
+                 if k in measure]
         fixed += ["sync"] if measure.get("sync") == "window" else []  # epochs sync per step
         if fixed:
             raise SpecError(spec.source, f"measure.{fixed[0]}", measure[fixed[0]],
@@ -247,6 +248,7 @@ def _with_workload_defaults(spec: SweepSpec, params: WorkloadParams,
 KEY_NEUTRAL: dict[str, dict[str, Any]] = {
     "hardware": {"env": {}, "grad_accum_steps": 1},
     "workload": {"activation_checkpointing": False},
+    "measure": {"max_repeats": None},
 }
 _MISSING = object()
 

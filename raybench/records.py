@@ -54,6 +54,7 @@ class RankRecord:
     window_steps: list[int] | None = None  # steps of each window (epochs differ)
     epochs: list[dict[str, Any]] | None = None  # epoch-based runs: per-epoch figures
     warmup_s: list[float] = field(default_factory=list)
+    warmup_windows: int = 0  # windows run before the kept ones (measure.max_repeats)
     phase_s: dict[str, list[float]] = field(default_factory=dict)  # ctx.phase(name) per step
     own_s: list[float] = field(default_factory=list)  # this rank's own forward + backward
     setup_s: float = 0.0

@@ -108,6 +108,11 @@ class MeasureSpec(Strict):
     measure_steps: int | None = Field(None, ge=1)
     measure_seconds: float | None = Field(None, gt=0)
     repeats: int = Field(1, ge=1)
+    max_repeats: int | None = Field(
+        None, ge=2, description="windows to run at most while the last `repeats` disagree by "
+        "more than the validity limit (their throughputs' CV over 5%): the windows before the "
+        "last `repeats` then count as warmup, as a longer warmup would have. None, or repeats "
+        "1 (one window has nothing to agree with): `repeats` windows and no more")
     profile_steps: int = Field(0, ge=0, description="steps after the windows that rank 0 "
                                "traces with torch.profiler (0: no trace)")
     sync: Literal["step", "window"] = Field(
@@ -126,6 +131,10 @@ class MeasureSpec(Strict):
                 f"warmup_steps ({self.warmup_steps}) must be < measure_steps "
                 f"({self.measure_steps}): a window no longer than its warmup measures little"
             )
+        if self.max_repeats is not None and self.max_repeats < self.repeats:
+            raise ValueError(
+                f"max_repeats ({self.max_repeats}) is below repeats ({self.repeats}): raise it "
+                "to repeats or more, or remove max_repeats for exactly `repeats` windows")
         if self.measure_seconds is not None and self.warmup_steps < 2:
             raise ValueError("measure_seconds needs warmup_steps >= 2 to size the window")
         return self

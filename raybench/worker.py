@@ -28,6 +28,7 @@ from raybench import fabric, workloads
 from raybench.context import WorkerContext
 from raybench.grid import TrialSpec
 from raybench.memory import peak_rss_mb, reset_peak_rss
+from raybench.metrics import REPEAT_CV_LIMIT_PCT, cv_pct
 from raybench.records import RankRecord
 from raybench.telemetry import aggregate, open_sampler
 
@@ -104,10 +105,10 @@ def measure_rank(trial: TrialSpec, ctx: WorkerContext) -> RankRecord:
         cpu0, wall0 = _cpu_seconds(), time.perf_counter()
         ctx.sync = m.sync  # warmup and the profiled steps after the windows stay per-step
         try:
-            run = _run_windows(workload, batches, ctx, steps, m.repeats)
+            run = _run_windows(workload, batches, ctx, steps, m.repeats, m.max_repeats)
         finally:
             ctx.sync = "step"
-        run["warm"] = warm
+        run["warm"] = warm + run["warm"]  # windows that became warmup come after the steps
     warm, wait_s, compute_s, loss = run["warm"], run["wait_s"], run["compute_s"], run["loss"]
     cpu_util = 100.0 * (_cpu_seconds() - cpu0) / (time.perf_counter() - wall0)
     stamps["measure_end"] = time.time()
@@ -138,6 +139,7 @@ def measure_rank(trial: TrialSpec, ctx: WorkerContext) -> RankRecord:
         device_name=torch.cuda.get_device_name(ctx.device) if ctx.is_cuda else "cpu",
         steps_per_window=run["window_steps"][0],
         window_steps=run["window_steps"],
+        warmup_windows=run.get("warmup_windows", 0),
         epochs=run.get("epochs"),
         samples_per_step=workload.samples_per_step(),
         warmup_s=[w + c for w, c, _ in warm],
@@ -163,11 +165,18 @@ def measure_rank(trial: TrialSpec, ctx: WorkerContext) -> RankRecord:
 
 
 def _run_windows(workload: workloads.Workload, batches: Any, ctx: WorkerContext, steps: int,
-                 repeats: int) -> dict[str, Any]:
-    """`repeats` windows of `steps` timed steps each."""
-    out: dict[str, Any] = {"wait_s": [], "compute_s": [], "windows_s": [], "loss": None,
-                           "window_steps": [steps] * repeats}
-    for _ in range(repeats):
+                 repeats: int, most: int | None = None) -> dict[str, Any]:
+    """`repeats` windows of `steps` timed steps each; with `most` (measure.max_repeats), more
+    while the last `repeats` disagree by more than the validity limit, up to `most` windows in
+    all. The windows before the last `repeats` are then warmup ("warm", as _timed_step's
+    tuples): a slow start (a clock ramping up, a neighbour's burst) was not yet the steady
+    state the row reports. Every rank runs the same windows: the decision is on the trial's
+    throughput per window, summed over the ranks as the row's repeat CV sums it."""
+    most = max(most or 0, repeats) if repeats > 1 else 1  # one window agrees with nothing
+    out: dict[str, Any] = {"wait_s": [], "compute_s": [], "windows_s": [], "loss": None}
+    rates, kept = [], []  # each window's throughput, all ranks; the times kept before it
+    for _ in range(most):
+        kept.append(ctx.measured_counts())
         ctx.barrier()  # ranks start each window together, so the windows overlap
         start = time.perf_counter()
         if ctx.sync == "window":
@@ -184,6 +193,19 @@ def _run_windows(workload: workloads.Workload, batches: Any, ctx: WorkerContext,
                 out["compute_s"].append(c)
             out["windows_s"].append(time.perf_counter() - start)
         ctx.settle_marks()  # phase and own-compute marks, read once the window is timed
+        if most > repeats:
+            rates.append(ctx.all_reduce_sum(workload.samples_per_step() * steps
+                                            / out["windows_s"][-1]))
+            if len(rates) >= repeats and cv_pct(rates[-repeats:]) <= REPEAT_CV_LIMIT_PCT:
+                break
+    extra = len(out["windows_s"]) - repeats
+    cut = extra * steps
+    out["warm"] = list(zip(out["wait_s"][:cut], out["compute_s"][:cut], [None] * cut,
+                           strict=True))
+    del out["wait_s"][:cut], out["compute_s"][:cut], out["windows_s"][:extra]
+    ctx.drop_measured(kept[extra])
+    out["window_steps"] = [steps] * repeats
+    out["warmup_windows"] = extra
     return out
 
 

@@ -57,6 +57,13 @@ def test_steps_and_seconds_are_exclusive(write_sweep):
         load_sweep(path)
 
 
+def test_max_repeats_below_repeats_is_an_input_error(write_sweep):
+    path = write_sweep("name: x\nsystem: {label: a}\nworkload: {name: resnet}\n"
+                       "measure: {repeats: 3, max_repeats: 2}\n")
+    with pytest.raises(SpecError, match=r"max_repeats \(2\) is below repeats \(3\)"):
+        load_sweep(path)
+
+
 def test_unknown_workload_lists_registered(write_sweep):
     path = write_sweep("name: x\nsystem: {label: a}\nworkload: {name: resnt}\n")
     with pytest.raises(SpecError, match=r"workload.name='resnt'.*did you mean 'resnet'.*use one of \[.*'resnet'.*'vit_tiles', 'xview3_frcnn'\]"):

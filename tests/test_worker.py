@@ -31,7 +31,7 @@ def test_record_has_every_field(write_sweep):
     trial = one_trial(write_sweep)
     r = measure_rank(trial, cpu_ctx(trial))
     assert len(r.compute_s) == len(r.wait_s) == 3
-    assert len(r.warmup_s) == 1
+    assert len(r.warmup_s) == 1 and r.warmup_windows == 0
     assert all(c > 0 for c in r.compute_s)
     assert r.params == sum(p.numel() for p in torch.nn.Module.parameters(
         __import__("torchvision").models.resnet18(num_classes=10)))
@@ -225,6 +225,98 @@ def test_window_sync_agrees_with_step_sync_on_cpu(write_sweep):
     assert med(waits) == pytest.approx(med(s[0] for s in step), rel=0.3, abs=3e-4)
     assert med(compute) == pytest.approx(med(s[1] for s in step), rel=0.1)
     assert 0.006 <= med(ctx.phase_s["forward"]) < 0.008
+
+
+class _Paced(_Sleeper):
+    """_Sleeper whose compute takes `pace(window)` seconds in each window of `steps` steps."""
+
+    def __init__(self, ctx, steps, pace):
+        super().__init__(ctx)
+        self.steps, self.pace, self.n = steps, pace, 0
+
+    def samples_per_step(self):
+        return 4
+
+    def step(self, batch):
+        with self.ctx.phase("forward"):
+            time.sleep(self.pace(self.n // self.steps))
+        self.n += 1
+        return torch.tensor(1.0)
+
+
+def _windows(write_sweep, pace, most, repeats=3, steps=5):
+    from raybench.worker import _run_windows
+
+    ctx = cpu_ctx(one_trial(write_sweep))
+    w = _Paced(ctx, steps, pace)
+    return _run_windows(w, w.batches(), ctx, steps, repeats, most), ctx
+
+
+def test_a_slow_first_window_becomes_warmup(write_sweep):
+    # the first window at 3x the steady step time (a clock ramping up, a neighbour's burst)
+    run, ctx = _windows(write_sweep, lambda k: 0.09 if k == 0 else 0.03, most=5)
+    extra = run["warmup_windows"]
+    assert extra in (1, 2)  # the slow one, and at most one more if the steady ones were noisy
+    assert len(run["windows_s"]) == 3 and max(run["windows_s"]) < 0.3  # 5 x 32 ms kept
+    assert len(run["wait_s"]) == len(run["compute_s"]) == len(ctx.phase_s["forward"]) == 15
+    assert len(run["warm"]) == 5 * extra and min(c for _, c, _ in run["warm"][:5]) > 0.08
+    assert min(ctx.phase_s["forward"]) < 0.05  # the slow window's phases left with it
+
+
+def test_windows_that_never_agree_stop_at_max_repeats(write_sweep):
+    run, ctx = _windows(write_sweep, lambda k: 0.01 if k % 2 == 0 else 0.04, most=5)
+    assert run["warmup_windows"] == 2  # five run, the last three kept: fast, slow, fast
+    fast, slow, fast2 = run["windows_s"]
+    assert slow > 2 * max(fast, fast2)
+    assert len(run["warm"]) == 10 and len(ctx.phase_s["forward"]) == 15
+    assert run["window_steps"] == [5, 5, 5]
+
+
+def _paced_rank(rank: int, port: int, out: str) -> None:
+    import json
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    from raybench.runners.local import leave_rank
+    from raybench.spec import HardwareSpec
+    from raybench.worker import _run_windows
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2)
+    try:
+        ctx = WorkerContext(rank, rank, 2, 0, torch.device("cpu"), HardwareSpec(cpu_workers=2))
+        # only rank 1's first window is slow: rank 0 alone would see nothing to drop
+        w = _Paced(ctx, 5, lambda k: 0.09 if rank == 1 and k == 0 else 0.03)
+        run = _run_windows(w, w.batches(), ctx, 5, 3, 5)
+        Path(f"{out}.{rank}").write_text(json.dumps(
+            {"extra": run["warmup_windows"], "windows": len(run["windows_s"])}))
+        dist.barrier()  # neither rank tears the group down while the other still uses it
+    finally:
+        dist.destroy_process_group()
+    leave_rank()
+
+
+def test_ranks_run_the_same_windows_and_drop_the_same(tmp_path):
+    import json
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_paced_rank, args=(port, str(tmp_path / "rank")), nprocs=2, join=True)
+    ranks = [json.loads((tmp_path / f"rank.{r}").read_text()) for r in (0, 1)]
+    assert ranks[0] == ranks[1] and ranks[0]["windows"] == 3 and ranks[0]["extra"] >= 1, ranks
+
+
+@pytest.mark.parametrize("most, repeats", [(None, 3), (5, 1)])
+def test_without_max_repeats_the_windows_are_fixed(write_sweep, most, repeats):
+    # (one window has nothing to agree with: max_repeats does not apply to it)
+    run, _ = _windows(write_sweep, lambda k: 0.01 if k % 2 == 0 else 0.04, most, repeats)
+    assert run["warmup_windows"] == 0 and run["warm"] == []
+    assert len(run["windows_s"]) == repeats
 
 
 def test_window_sync_through_a_real_trial(write_sweep):

@@ -24,6 +24,9 @@ from raybench.records import RankRecord, TrialOutcome
 PERCENTILES = (50, 90, 95, 99)
 INPUT_BOUND_PCT = 20.0  # waiting for data beyond this share of step time: the input is the limit
 SLOW_RANK_PCT = 10.0  # a rank's own compute this far above the median rank's: a slow device
+# With repeats, the headline is the mean over windows and its noise is the windows' spread; the
+# report's validity check (report/assess.py) and measure.max_repeats's extra windows judge it.
+REPEAT_CV_LIMIT_PCT = 5.0
 
 declare(
     Metric("train/samples_per_s", "samples/s", "every rank's own rate over its measured "
@@ -43,6 +46,8 @@ declare(
     Metric("train/input_bound", "bool", f"data wait above {INPUT_BOUND_PCT:g}% of step time"),
     Metric("train/rank_skew_pct", "%", "slowest rank's mean step over the fastest's, minus 1"),
     Metric("train/repeat_cv_pct", "%", "throughput CV over measure.repeats windows"),
+    Metric("train/warmup_windows", "count", "windows run before the last measure.repeats, "
+           "which agreed only then (measure.max_repeats): counted as warmup"),
     Metric("train/measured_steps", "count", "measured steps per rank"),
     Metric("train/measured_s", "s", "measured windows, longest rank"),
     Metric("train/warmup_s", "s", "warmup steps, longest rank"),
@@ -119,7 +124,8 @@ def summarize(records: Records) -> dict[str, Any]:
         "train/data_wait_mean_ms": float(wait_ms.mean()),
         "train/data_wait_pct": 100.0 * float(wait_ms.sum() / step_ms.sum()),
         "train/rank_skew_pct": 100.0 * (max(rank_means) / min(rank_means) - 1.0),
-        "train/repeat_cv_pct": _cv(repeats),
+        "train/repeat_cv_pct": cv_pct(repeats),
+        "train/warmup_windows": first.warmup_windows,
         "train/measured_steps": int(len(first.compute_s)),
         "train/measured_s": float(max(sum(r.windows_s) for r in records)),
         "train/warmup_s": float(max(sum(r.warmup_s) for r in records)),
@@ -253,7 +259,8 @@ def _repeat_throughputs(records: list[RankRecord]) -> list[float]:
     ]
 
 
-def _cv(values: list[float]) -> float | None:
+def cv_pct(values: list[float]) -> float | None:
+    """Standard deviation over mean, in percent; None for fewer than two values."""
     if len(values) < 2:
         return None
     return 100.0 * statistics.stdev(values) / statistics.mean(values)

@@ -16,14 +16,13 @@ from typing import Any
 import pandas as pd
 
 from raybench import fabric
-from raybench.metrics import SLOW_RANK_PCT
+from raybench.metrics import REPEAT_CV_LIMIT_PCT, SLOW_RANK_PCT
 from raybench.telemetry import POWER_CAP
 
 CV_LIMIT_PCT = 10.0  # step-time CV above this: the window was too noisy to trust
-# With repeats, the headline is the mean over windows and its noise is the windows' spread.
-# Step-time CV is then the wrong test: loader-fed steps arrive in bursts (an H100 ResNet-50 at
-# 13-33% step CV gave windows within 0.1-4.4% of each other), which a 10% rule would reject.
-REPEAT_CV_LIMIT_PCT = 5.0
+# With repeats, the windows' spread is judged (REPEAT_CV_LIMIT_PCT, metrics.py). Step-time CV
+# is then the wrong test: loader-fed steps arrive in bursts (an H100 ResNet-50 at 13-33% step
+# CV gave windows within 0.1-4.4% of each other), which a 10% rule would reject.
 MIN_STEPS = 10  # fewer measured steps than this give unstable percentiles
 THROUGHPUT = "train/samples_per_s"
 # Tiles of different sizes are not the same sample: where rows count pixels, pixels/s ranks them
