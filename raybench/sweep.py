@@ -147,7 +147,7 @@ def run_sweep(spec: SweepSpec, trials: list[TrialSpec], out: Path, runner: Runne
 
                 search_all(spec.search.largest_batch, runnable, probe, writer)
             elif runnable:
-                runner.run(runnable, write)
+                runner.run(runnable, write, last=True)
             for t in runnable:  # a trial the runner lost without a result is still a row
                 if t.key not in writer.done:
                     _lost(t, writer)

@@ -63,10 +63,12 @@ class Runner(ABC):
         return {}
 
     @abstractmethod
-    def run(self, trials: list[TrialSpec], done: Done, name: str = "trials") -> None:
+    def run(self, trials: list[TrialSpec], done: Done, name: str = "trials",
+            last: bool = False) -> None:
         """Run every trial (side by side where the runner can) and call `done(trial, outcome)`
         on the caller's thread as each one ends. A failed trial is an outcome, never an
-        exception; a trial the runner lost gets no call (the loop writes its row)."""
+        exception; a trial the runner lost gets no call (the loop writes its row). `last`:
+        the runner stops after this call, so it may leave to `stop` what `stop` ends anyway."""
 
 
 def make(name: str, spec: SweepSpec, out: Path, address: str | None = None) -> Runner:

@@ -37,7 +37,8 @@ class LocalRunner(Runner):
     def unplaceable(self, trials: list[TrialSpec]) -> dict[str, str]:
         return {t.key: why for t in trials if (why := _gpus_missing(t))}
 
-    def run(self, trials: list[TrialSpec], done: Done, name: str = "trials") -> None:
+    def run(self, trials: list[TrialSpec], done: Done, name: str = "trials",
+            last: bool = False) -> None:
         for trial in trials:
             start, t0 = now(), time.time()
             outcome = run_local(trial, str(self.out / "trials"))

@@ -70,7 +70,8 @@ class RayRunner(Runner):
                 out[t.key] = why
         return out
 
-    def run(self, trials: list[TrialSpec], done: Done, name: str = "tune") -> None:
+    def run(self, trials: list[TrialSpec], done: Done, name: str = "tune",
+            last: bool = False) -> None:
         if not trials:
             return
         if trials[0].inference is not None:
@@ -79,7 +80,8 @@ class RayRunner(Runner):
             # a cluster joined may grow nodes later (an autoscaler): only an embedded Ray is
             # sure to be this one machine
             _tune(self.spec, trials, self.out, done, name, self.nodes,
-                  embedded=cluster.target(self.address) is None)
+                  embedded=cluster.target(self.address) is None,
+                  ends_ray=last and self._started)
 
 
 def _scenarios(spec, trials: list[TrialSpec], done: Done) -> None:
@@ -97,7 +99,7 @@ def _scenarios(spec, trials: list[TrialSpec], done: Done) -> None:
 
 
 def _tune(spec, trials: list[TrialSpec], out: Path, done: Done, name: str,
-          nodes: list[dict[str, float]], embedded: bool = False) -> None:
+          nodes: list[dict[str, float]], embedded: bool = False, ends_ray: bool = False) -> None:
     import ray
     from ray import tune
 
@@ -167,7 +169,9 @@ def _tune(spec, trials: list[TrialSpec], out: Path, done: Done, name: str,
                                  groups=groups,
                                  storage=storage, trials_dir=trials_dir, execution=execution,
                                  cwd=cwd, strategies=strategies, handoff=handoff,
-                                 parcels=parcels),
+                                 parcels=parcels,
+                                 # the last group's Train run ends with the Ray that stop() ends
+                                 last=len(groups) - 1 if ends_ray else None),
             {"cpu": 0.01},  # the trainer's workers hold the real resources; {"cpu": 0} is rejected
         ),
         param_space={"group": tune.grid_search(list(range(len(groups))))},
