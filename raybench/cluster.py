@@ -28,12 +28,23 @@ def local_shape() -> dict[str, float]:
 
     One logical CPU more than the cores: each Tune trial holds a 0.01-CPU driver while its
     workers run, and Ray places by logical counts, so without it a trial asking for every
-    core could never start on a small machine (the 2-core CI runner).
+    core could never start on a small machine (the 2-core CI runner). The GPUs are those Ray
+    finds itself, as on a cluster's nodes (NVML, within CUDA_VISIBLE_DEVICES), not torch's
+    count: the sweep starts this Ray while torch is still being imported (sweep.py).
     """
-    import torch  # here, not at the top: Tune's trial processes import this module (plan.py)
+    from ray._private.accelerators import get_accelerator_manager_for_resource
 
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    gpu = get_accelerator_manager_for_resource("GPU")
+    gpus = gpu.get_current_node_num_accelerators()
+    visible = gpu.get_current_process_visible_accelerator_ids()
+    if visible is not None:
+        gpus = min(gpus, len(visible))
     return {"CPU": float((os.cpu_count() or 1) + 1), "GPU": float(gpus)}
+
+
+def ray_is_up() -> bool:
+    """Whether this process is already connected to a Ray (started or joined)."""
+    return ray.is_initialized()
 
 
 def connect(address: str | None) -> bool:

@@ -89,6 +89,21 @@ TOP_KEYS = ["name", "system", "workload", "hardware", "grid", "measure", "execut
 
 def load_sweep(path: str | Path, overrides: list[str] | None = None) -> SweepSpec:
     """Read, override and validate a sweep file. Raises SpecError; has no side effects."""
+    return validate_sweep(*_read(path, overrides))
+
+
+def load_sections(path: str | Path, overrides: list[str] | None = None) -> str | None:
+    """The checks of `load_sweep` that need no workload module (the file, its YAML, the top
+    keys and the sections but `workload`, `preprocess`, `search` and `inference`), which take
+    milliseconds: a workload's module imports torch (1.2-1.5 s on a small machine). Returns the
+    workload's name, if the file names one; raises SpecError like `load_sweep`."""
+    raw, source = _read(path, overrides)
+    _sections(raw, source)
+    block = raw.get("workload")
+    return block.get("name") if isinstance(block, dict) else None
+
+
+def _read(path: str | Path, overrides: list[str] | None) -> tuple[dict[str, Any], str]:
     source = str(path)
     try:
         text = Path(path).read_text()
@@ -107,7 +122,7 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None) -> SweepSpe
                         f"write a mapping with the keys {', '.join(TOP_KEYS)}")
     for item in overrides or []:
         apply_override(raw, item, source)
-    return validate_sweep(raw, source)
+    return raw, source
 
 
 def apply_override(raw: dict[str, Any], item: str, source: str) -> None:
@@ -131,20 +146,7 @@ def apply_override(raw: dict[str, Any], item: str, source: str) -> None:
 
 
 def validate_sweep(raw: dict[str, Any], source: str = "<memory>") -> SweepSpec:
-    _reject_unknown(raw, TOP_KEYS, "", source)
-    for key in ("name", "system", "workload"):
-        if key == "workload" and raw.get("preprocess") is not None:
-            continue  # a sweep of the preprocess stage alone
-        if key not in raw:
-            raise SpecError(source, key, None, "is required",
-                            f"add a '{key}:' section (see sweeps/local_cpu.yaml)")
-    name = raw["name"]
-    if not isinstance(name, str) or not name or not all(c.isalnum() or c in "_.-" for c in name):
-        raise SpecError(source, "name", name, "must be a non-empty word of letters, digits, _ . -",
-                        "use a name such as dgx_a100")
-    system = build_model(SystemSpec, raw["system"], "system", source)
-    sections = {k: build_model(model, raw.get(k) or {}, k, source)
-                for k, model in OPTIONAL_SECTIONS.items()}
+    name, system, sections = _sections(raw, source)
     workload_name, params = None, None
     if raw.get("workload") is not None or raw.get("preprocess") is None:
         workload_name, params = validate_workload(raw.get("workload"), source)
@@ -165,6 +167,25 @@ def validate_sweep(raw: dict[str, Any], source: str = "<memory>") -> SweepSpec:
     return SweepSpec(name=name, system=system, workload_name=workload_name, workload=params,
                      grid=grid, source=source, preprocess=preprocess, search=search,
                      inference=inference, **sections)
+
+
+def _sections(raw: dict[str, Any], source: str) -> tuple[str, SystemSpec, dict[str, Any]]:
+    """The top keys, the name and the sections every sweep has: no workload module needed."""
+    _reject_unknown(raw, TOP_KEYS, "", source)
+    for key in ("name", "system", "workload"):
+        if key == "workload" and raw.get("preprocess") is not None:
+            continue  # a sweep of the preprocess stage alone
+        if key not in raw:
+            raise SpecError(source, key, None, "is required",
+                            f"add a '{key}:' section (see sweeps/local_cpu.yaml)")
+    name = raw["name"]
+    if not isinstance(name, str) or not name or not all(c.isalnum() or c in "_.-" for c in name):
+        raise SpecError(source, "name", name, "must be a non-empty word of letters, digits, _ . -",
+                        "use a name such as dgx_a100")
+    system = build_model(SystemSpec, raw["system"], "system", source)
+    sections = {k: build_model(model, raw.get(k) or {}, k, source)
+                for k, model in OPTIONAL_SECTIONS.items()}
+    return name, system, sections
 
 
 def _check_inference(workload_name: str | None, hardware: HardwareSpec,

@@ -50,7 +50,8 @@ def test_invalid_spec_exits_2_with_one_paragraph(capsys, write_sweep, tmp_path):
 def test_unwritable_output_exits_2(capsys, write_sweep, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    code = main([str(write_sweep()), "--output", str(blocker / "run")])
+    # (the local runner: with the ray runner an embedded Ray would start beside the check)
+    code = main([str(write_sweep()), "--output", str(blocker / "run"), "--runner", "local"])
     assert code == 2
     assert "output.dir" in capsys.readouterr().err
 

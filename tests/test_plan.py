@@ -110,3 +110,19 @@ def test_a_trial_that_keeps_a_checkpoint_runs_alone(write_sweep):
     assert worker_groups(ts, {t.key: "PACK" for t in ts}, "worker", 1) == [[0], [1]]
     ts = expand(load_sweep(ROOT / "sweeps" / "xview3_cpu.yaml", ["grid={batch_size: [2, 4]}"]))
     assert worker_groups(ts, {t.key: "PACK" for t in ts}, "worker", 1) == [[0, 1]]
+
+
+def test_an_embedded_ray_counts_the_gpus_ray_finds_within_cuda_visible_devices(monkeypatch):
+    # the driver starts its Ray while torch is still being imported: the count is Ray's own
+    from ray._private.accelerators import nvidia_gpu
+
+    from raybench import cluster
+
+    manager = nvidia_gpu.NvidiaGPUAcceleratorManager
+    monkeypatch.setattr(manager, "get_current_node_num_accelerators", staticmethod(lambda: 4))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert cluster.local_shape()["GPU"] == 4
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,3")
+    assert cluster.local_shape()["GPU"] == 2
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert cluster.local_shape()["GPU"] == 0

@@ -31,8 +31,11 @@ class Runner(ABC):
 
     name: ClassVar[str]
 
-    def __init__(self, spec: SweepSpec, out: Path, address: str | None = None):
-        self.spec, self.out, self.address = spec, out, address
+    def __init__(self, spec: SweepSpec, out: Path, address: str | None = None,
+                 started: bool = False):
+        # started: its machinery was brought up before it was made, for it to own and stop
+        # (sweep.main starts an embedded Ray beside the workload's import)
+        self.spec, self.out, self.address, self.started = spec, out, address, started
 
     def __enter__(self) -> Runner:
         self.start()
@@ -71,6 +74,7 @@ class Runner(ABC):
         the runner stops after this call, so it may leave to `stop` what `stop` ends anyway."""
 
 
-def make(name: str, spec: SweepSpec, out: Path, address: str | None = None) -> Runner:
+def make(name: str, spec: SweepSpec, out: Path, address: str | None = None,
+         started: bool = False) -> Runner:
     module, _, cls = RUNNERS[name].partition(":")
-    return getattr(importlib.import_module(module), cls)(spec, out, address)
+    return getattr(importlib.import_module(module), cls)(spec, out, address, started)

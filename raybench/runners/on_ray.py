@@ -35,7 +35,7 @@ class RayRunner(Runner):
     _started = False
 
     def start(self) -> None:
-        self._started = cluster.connect(self.address)
+        self._started = cluster.connect(self.address) or self.started
         self.nodes = cluster.nodes()
 
     def check(self, trials: list[TrialSpec]) -> None:

@@ -24,10 +24,15 @@ SWEEP = TINY_SWEEP + "output: {root: RESULTS}\n"  # the shared tiny sweep, table
 def run_cli(tmp_path: Path, text: str, *args: str,
             process: bool = False) -> subprocess.CompletedProcess:
     """`python -m raybench.sweep SWEEP ARGS` from the project root, as its own process or as
-    the same `main` called here; stdout, stderr and the exit status either way."""
+    the same `main` called here; stdout, stderr and the exit status either way. Called here,
+    with the local runner unless ARGS name one: the input is checked before any runner starts,
+    and the ray runner would start an embedded Ray beside the workload's check for each case
+    (3-4 s; that path has its own tests below)."""
     path = tmp_path / "sweep.yaml"
     path.write_text(textwrap.dedent(text).replace("RESULTS", str(tmp_path / "results")))
     argv = [str(path), *args]
+    if not process and "--runner" not in args:
+        argv += ["--runner", "local"]
     if process:
         return subprocess.run([sys.executable, "-m", "raybench.sweep", *argv], cwd=ROOT,
                               capture_output=True, text=True, timeout=300)
@@ -78,6 +83,34 @@ def test_output_directory_that_cannot_be_written(tmp_path):
     (tmp_path / "a_file").write_text("not a directory")
     proc = run_cli(tmp_path, SWEEP, "--output", str(tmp_path / "a_file" / "run"))
     assert_rejected(tmp_path, proc, "output.dir", "cannot be written")
+
+
+@pytest.mark.ray
+def test_a_workload_error_ends_the_ray_started_beside_its_check(tmp_path, monkeypatch):
+    import ray
+
+    from raybench import cluster
+
+    connect, calls = cluster.connect, []
+    monkeypatch.setattr(cluster, "connect", lambda address: calls.append(address) or
+                        connect(address))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    proc = run_cli(tmp_path, SWEEP, "--set", "workload.batch_size=0", "--runner", "ray")
+    assert calls == [None]  # the sections were valid: Ray started while resnet was imported
+    assert_rejected(tmp_path, proc, "workload.batch_size")
+    assert not ray.is_initialized()  # and it ended with the run that started it
+
+
+def test_a_file_error_starts_no_ray(tmp_path, monkeypatch):
+    from raybench import cluster
+
+    def connect(address):
+        raise AssertionError("Ray started for a sweep file with a typo")
+
+    monkeypatch.setattr(cluster, "connect", connect)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    proc = run_cli(tmp_path, SWEEP.replace("measure:", "mesure:"), "--runner", "ray")
+    assert_rejected(tmp_path, proc, "mesure")
 
 
 @pytest.mark.ray
