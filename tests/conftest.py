@@ -1,9 +1,12 @@
-"""Shared fixtures: sweep files written on the fly, and the GPU skip."""
+"""Shared fixtures: sweep files written on the fly, the GPU skip, and two spawned gloo ranks."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 import textwrap
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -77,3 +80,33 @@ def on_s3(s3_env, monkeypatch):
     for key, value in s3_env.items():
         monkeypatch.setenv(key, value)
     return s3_env
+
+
+def spawn_ranks(fn: Callable[..., None], *args: object, ranks: int = 2) -> None:
+    """Run `fn(rank, port, *args)` in `ranks` spawned processes, which meet at 127.0.0.1:port
+    (gloo_group); returns when all have ended, raises if one failed."""
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(fn, args=(port, *args), nprocs=ranks, join=True)
+
+
+@contextlib.contextmanager
+def gloo_group(rank: int, port: int, ranks: int = 2) -> Iterator[None]:
+    """A spawned rank's process group for the body; after it, a barrier (neither rank tears the
+    group down while the other still uses it), the group's end and the rank's exit."""
+    import torch.distributed as dist
+
+    from raybench.runners.local import leave_rank
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=ranks)
+    try:
+        yield
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    leave_rank()

@@ -8,8 +8,9 @@ import pytest
 
 from raybench.grid import expand
 from raybench.metrics import summarize
-from raybench.runners.local import leave_rank, run_local
+from raybench.runners.local import run_local
 from raybench.spec import load_sweep
+from tests.conftest import gloo_group, spawn_ranks
 from tests.test_metrics import record
 
 PROBE = """
@@ -68,10 +69,7 @@ def _rank(rank: int, port: int, out: str) -> None:
             self.names.append(str(func))
             return func(*args, **(kwargs or {}))
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=2)
-    try:
+    with gloo_group(rank, port):
         cls = workloads.get("allreduce")
         ctx = WorkerContext(rank, rank, 2, 0, torch.device("cpu"), HardwareSpec(cpu_workers=2))
         w = cls(cls.Params(message_mb=8, batch_size=2), ctx)
@@ -92,23 +90,13 @@ def _rank(rank: int, port: int, out: str) -> None:
             Path(out).write_text(json.dumps({
                 "ops": ops.names, "ours": statistics.median(ours[3:]),
                 "alone": statistics.median(alone[3:])}))
-        dist.barrier()  # neither rank tears the group down while the other still uses it
-    finally:
-        dist.destroy_process_group()
-    leave_rank()
 
 
 def test_the_timed_step_is_the_collectives_alone(tmp_path):
     import json
-    import socket
 
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     out = tmp_path / "rank0.json"
-    mp.spawn(_rank, args=(port, str(out)), nprocs=2, join=True)
+    spawn_ranks(_rank, str(out))
     r = json.loads(out.read_text())
     # only the two all-reduces: nothing else runs inside the timing
     assert r["ops"] and all(op.startswith("c10d.allreduce_") for op in r["ops"]), r["ops"]

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from raybench.metrics import own_compute
-from raybench.runners.local import leave_rank
-from tests.conftest import TINY_SWEEP
+from tests.conftest import TINY_SWEEP, gloo_group, spawn_ranks
 from tests.test_metrics import record
 
 
@@ -20,7 +19,6 @@ def _rank(rank: int, port: int, sweep: str, slow_s: float, out: str) -> None:
     import time
 
     import torch
-    import torch.distributed as dist
 
     from raybench.context import WorkerContext
     from raybench.grid import expand
@@ -28,10 +26,7 @@ def _rank(rank: int, port: int, sweep: str, slow_s: float, out: str) -> None:
     from raybench.spec import load_sweep
     from raybench.worker import run_worker
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=2)
-    try:
+    with gloo_group(rank, port):
         (trial,) = expand(load_sweep(Path(sweep), ["grid={}", "hardware.cpu_workers=2",
                                                    "measure.measure_steps=6"]))
         ctx = WorkerContext(rank, rank, 2, 0, torch.device("cpu"), trial.hardware)
@@ -47,24 +42,13 @@ def _rank(rank: int, port: int, sweep: str, slow_s: float, out: str) -> None:
         if rank == 0:
             m = summarize(records)
             Path(out).write_text(json.dumps({k: m[k] for k in m if k.startswith("train/")}))
-        dist.barrier()  # neither rank tears the group down while the other still uses it
-    finally:
-        dist.destroy_process_group()
-    leave_rank()
 
 
 def run_two_ranks(tmp_path, slow_s: float) -> dict:
-    import socket
-
-    import torch.multiprocessing as mp
-
     sweep = tmp_path / "sweep.yaml"
     sweep.write_text(TINY_SWEEP)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     out = tmp_path / f"row_{slow_s}.json"
-    mp.spawn(_rank, args=(port, str(sweep), slow_s, str(out)), nprocs=2, join=True)
+    spawn_ranks(_rank, str(sweep), slow_s, str(out))
     return json.loads(out.read_text())
 
 

@@ -15,6 +15,7 @@ from raybench.report.assess import validity
 from raybench.runners.local import run_local
 from raybench.spec import SpecError, load_sweep
 from raybench.worker import measure_rank
+from tests.conftest import gloo_group, spawn_ranks
 
 
 def one_trial(write_sweep, *overrides):
@@ -276,37 +277,22 @@ def _paced_rank(rank: int, port: int, out: str) -> None:
     import json
     from pathlib import Path
 
-    import torch.distributed as dist
-
-    from raybench.runners.local import leave_rank
     from raybench.spec import HardwareSpec
     from raybench.worker import _run_windows
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=2)
-    try:
+    with gloo_group(rank, port):
         ctx = WorkerContext(rank, rank, 2, 0, torch.device("cpu"), HardwareSpec(cpu_workers=2))
         # only rank 1's first window is slow: rank 0 alone would see nothing to drop
         w = _Paced(ctx, 5, lambda k: 0.09 if rank == 1 and k == 0 else 0.03)
         run = _run_windows(w, w.batches(), ctx, 5, 3, 5)
         Path(f"{out}.{rank}").write_text(json.dumps(
             {"extra": run["warmup_windows"], "windows": len(run["windows_s"])}))
-        dist.barrier()  # neither rank tears the group down while the other still uses it
-    finally:
-        dist.destroy_process_group()
-    leave_rank()
 
 
 def test_ranks_run_the_same_windows_and_drop_the_same(tmp_path):
     import json
-    import socket
 
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_paced_rank, args=(port, str(tmp_path / "rank")), nprocs=2, join=True)
+    spawn_ranks(_paced_rank, str(tmp_path / "rank"))
     ranks = [json.loads((tmp_path / f"rank.{r}").read_text()) for r in (0, 1)]
     assert ranks[0] == ranks[1] and ranks[0]["windows"] == 3 and ranks[0]["extra"] >= 1, ranks
 
