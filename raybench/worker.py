@@ -109,10 +109,14 @@ def measure_rank(trial: TrialSpec, ctx: WorkerContext) -> RankRecord:
         finally:
             ctx.sync = "step"
         run["warm"] = warm + run["warm"]  # windows that became warmup come after the steps
+        if run["warmup_windows"]:  # CPU time and telemetry of the kept windows only
+            cpu0, wall0 = run["kept_from"]["cpu"], run["kept_from"]["wall"]
     warm, wait_s, compute_s, loss = run["warm"], run["wait_s"], run["compute_s"], run["loss"]
     cpu_util = 100.0 * (_cpu_seconds() - cpu0) / (time.perf_counter() - wall0)
     stamps["measure_end"] = time.time()
     telemetry = sampler.stop() if sampler else []
+    if run.get("warmup_windows"):
+        telemetry = [s for s in telemetry if s["t"] >= run["kept_from"]["t"]]
     memory = _memory(ctx)  # before tracing and FLOP counting, which are not the workload's
     ctx.settle_marks()  # epochs: their steps' own-compute marks
     phases = {k: list(v) for k, v in ctx.phase_s.items()}  # ...nor are their phase times
@@ -174,11 +178,14 @@ def _run_windows(workload: workloads.Workload, batches: Any, ctx: WorkerContext,
     throughput per window, summed over the ranks as the row's repeat CV sums it."""
     most = max(most or 0, repeats) if repeats > 1 else 1  # one window agrees with nothing
     out: dict[str, Any] = {"wait_s": [], "compute_s": [], "windows_s": [], "loss": None}
-    rates, kept = [], []  # each window's throughput, all ranks; the times kept before it
+    rates, kept, starts = [], [], []  # per window: throughput (all ranks), times kept before
     for _ in range(most):
         kept.append(ctx.measured_counts())
         ctx.barrier()  # ranks start each window together, so the windows overlap
+        # its start on the clocks of CPU time and of GPU telemetry samples, and on the windows'
+        mark = {"cpu": _cpu_seconds(), "t": time.monotonic()}
         start = time.perf_counter()
+        starts.append({**mark, "wall": start})
         if ctx.sync == "window":
             marks, wait, out["loss"] = _unsynced_steps(workload, batches, ctx, steps)
             out["windows_s"].append(time.perf_counter() - start)
@@ -205,7 +212,7 @@ def _run_windows(workload: workloads.Workload, batches: Any, ctx: WorkerContext,
     del out["wait_s"][:cut], out["compute_s"][:cut], out["windows_s"][:extra]
     ctx.drop_measured(kept[extra])
     out["window_steps"] = [steps] * repeats
-    out["warmup_windows"] = extra
+    out["warmup_windows"], out["kept_from"] = extra, starts[extra]
     return out
 
 

@@ -262,6 +262,10 @@ def test_a_slow_first_window_becomes_warmup(write_sweep):
     assert len(run["wait_s"]) == len(run["compute_s"]) == len(ctx.phase_s["forward"]) == 15
     assert len(run["warm"]) == 5 * extra and min(c for _, c, _ in run["warm"][:5]) > 0.08
     assert min(ctx.phase_s["forward"]) < 0.05  # the slow window's phases left with it
+    # CPU time and GPU telemetry are then read from the first kept window's start
+    since = time.perf_counter() - run["kept_from"]["wall"]
+    assert since == pytest.approx(sum(run["windows_s"]), abs=0.02)
+    assert time.monotonic() - run["kept_from"]["t"] == pytest.approx(since, abs=0.02)
 
 
 def test_windows_that_never_agree_stop_at_max_repeats(write_sweep):
