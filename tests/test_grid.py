@@ -122,11 +122,11 @@ def test_trials_that_use_no_new_field_keep_their_recorded_keys():
     recorded = {"local_cpu": ["22bfe469e39a", "b880cb1c3d38", "48d95ef86402"],
                 "tiles_cpu": ["c9cf7f05ad63", "c07c5c249357", "84ab8a2af0ce"],
                 "efficientnet_cpu": ["50a881db7c53", "b14eb8adda37"]}
-    # local_cpu.yaml measures three windows since 2026-11-24, and up to five with its batches
-    # made in the rank since 2026-11-25 (different measurements, so other keys, rightly); with
-    # its old settings its trials keep their old keys
+    # local_cpu.yaml measures three windows since 2026-11-24, up to five with its batches made
+    # in the rank since 2026-11-25, and windows of 8 steps (up to six) later that day (different
+    # measurements, so other keys, rightly); with its old settings its trials keep their old keys
     then = {"local_cpu": ["measure.repeats=1", "measure.max_repeats=null",
-                          "hardware.dataloader_workers=1"]}
+                          "measure.measure_steps=10", "hardware.dataloader_workers=1"]}
     for name, keys in recorded.items():
         got = [t.key for t in expand(load_sweep(ROOT / "sweeps" / f"{name}.yaml",
                                                 then.get(name, [])))]
