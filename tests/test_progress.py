@@ -32,9 +32,25 @@ def test_estimate_is_the_mean_time_per_item_times_what_is_left(caplog):
     assert caplog.messages == [
         "progress: trials 1/8 (12%), 30 s, about 3 min 30 s left; trial 0 ok",
         "progress: trials 2/8 (25%), 1 min 00 s, about 3 min 00 s left; trial 1 oom"]
-    clock.t += 6 * 30
+    clock.t += 5 * 30 + 10
     p.done = 7
-    assert p.line() == "trials 7/8 (88%), 4 min 00 s, about 34 s left"
+    assert p.line() == "trials 7/8 (88%), 3 min 40 s, about 32 s left"  # (220 - 30) / (7 - 1)
+
+
+def test_the_first_item_carrying_the_start_is_left_out_of_the_pace_once_a_second_is_done():
+    """The default sweep: 16 s to the first row (a worker group's start in it), then 7 s,
+    3 s, 4 s. With the first counted, the estimate after the second said 23 s for 7 s."""
+    clock = Clock()
+    p = Progress(4, "trials", stream=io.StringIO(), clock=clock)
+    clock.t += 16
+    p.advance()
+    assert p.line().endswith("about 48 s left")  # nothing better known yet
+    clock.t += 7
+    p.advance()
+    assert p.line().endswith("about 14 s left")
+    clock.t += 3
+    p.advance()
+    assert p.line().endswith("about 5 s left")
 
 
 def test_a_terminal_gets_one_bar_redrawn_in_place_and_ended_with_a_newline():
