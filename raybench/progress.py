@@ -41,19 +41,19 @@ class Progress:
         self.first_done: float | None = None  # when the first item finished
 
     def line(self, detail: str = "") -> str:
-        elapsed = self.clock() - self.start
+        now = self.clock()
+        elapsed = now - self.start
         if self.total:
             pct = 100 * self.done / self.total
             text = f"{self.what} {self.done}/{self.total} ({pct:.0f}%), {duration(elapsed)}"
             left = self.total - self.done
             if self.done and left:
-                text += f", about {duration(self._per_item() * left)} left"
+                text += f", about {duration(self._per_item(now) * left)} left"
         else:  # open-ended (a search decides how many probes it needs)
             text = f"{self.what} {self.done}, {duration(elapsed)}"
         return text + (f"; {detail}" if detail else "")
 
-    def _per_item(self) -> float:
-        now = self.clock()
+    def _per_item(self, now: float) -> float:
         if self.first_done is None or self.done < 2:
             return (now - self.start) / self.done
         return (now - self.first_done) / (self.done - 1)
