@@ -38,8 +38,10 @@ def table(out: Path) -> pd.DataFrame:
 
 
 # two trials: one finished before the interrupt, one cut by it (a trial never started is, to
-# --resume, the same: no row)
-TWO = [*QUICK, "--set", "grid={batch_size: [8, 16]}"]
+# --resume, the same: no row). The second measures 60 steps (about 7 s here), so the interrupt
+# a second after the first row lands inside it: with two equal 4-step trials, the second, on
+# the group's warm worker, sometimes finished first (about 1 s) and left nothing to cut
+TWO = [*QUICK, "--set", "grid={measure.measure_steps: [4, 60]}"]
 
 
 def test_sigint_mid_sweep_then_resume(tmp_path):
@@ -55,6 +57,7 @@ def test_sigint_mid_sweep_then_resume(tmp_path):
     assert proc.returncode == 130, log[-3000:]
     first = table(out)
     assert len(first) == 1, log[-3000:]
+    assert list(first["measure.measure_steps"]) == [4]  # the short trial ran first
     assert "--resume" in log
     facts = (out / "system_info.json").read_text()
 
