@@ -132,13 +132,15 @@ class LocalCluster:
             raise RuntimeError(f"processes of this test cluster outlived it: {self.leftovers()}")
 
     def leftovers(self) -> list[int]:
-        """Processes still in the sessions of this cluster's `ray start` children: ours alone."""
+        """Processes still running in the sessions of this cluster's `ray start` children: ours
+        alone (a zombie has ended; its reaping is its parent's business)."""
         sessions = {p.pid for p in self.procs}
         found = []
         for pid in psutil.pids():
             try:
-                if os.getsid(pid) in sessions:
+                if (os.getsid(pid) in sessions
+                        and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE):
                     found.append(pid)
-            except OSError:
+            except (OSError, psutil.Error):
                 continue
         return found
