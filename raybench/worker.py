@@ -182,10 +182,9 @@ def _run_windows(workload: workloads.Workload, batches: Any, ctx: WorkerContext,
     for _ in range(most):
         kept.append(ctx.measured_counts())
         ctx.barrier()  # ranks start each window together, so the windows overlap
-        # its start on the clocks of CPU time and of GPU telemetry samples, and on the windows'
-        mark = {"cpu": _cpu_seconds(), "t": time.monotonic()}
         start = time.perf_counter()
-        starts.append({**mark, "wall": start})
+        # its start on the clocks of CPU time and of GPU telemetry samples, and on the windows'
+        starts.append({"cpu": _cpu_seconds(), "t": time.monotonic(), "wall": start})
         if ctx.sync == "window":
             marks, wait, out["loss"] = _unsynced_steps(workload, batches, ctx, steps)
             out["windows_s"].append(time.perf_counter() - start)
