@@ -132,15 +132,19 @@ class LocalCluster:
             raise RuntimeError(f"processes of this test cluster outlived it: {self.leftovers()}")
 
     def leftovers(self) -> list[int]:
-        """Processes still running in the sessions of this cluster's `ray start` children: ours
-        alone (a zombie has ended; its reaping is its parent's business)."""
-        sessions = {p.pid for p in self.procs}
-        found = []
-        for pid in psutil.pids():
-            try:
-                if (os.getsid(pid) in sessions
-                        and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE):
-                    found.append(pid)
-            except (OSError, psutil.Error):
-                continue
-        return found
+        """Processes still running in the sessions of this cluster's `ray start` children."""
+        return [p.pid for p in session_processes({p.pid for p in self.procs})]
+
+
+def session_processes(sessions: set[int]) -> list[psutil.Process]:
+    """Processes running in these sessions: the ones a test started with a new session, and
+    theirs, Ray's workers included (each in a process group of its own, but not a session);
+    nobody else's. A zombie has ended; its reaping is its parent's business."""
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if os.getsid(p.pid) in sessions and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except (OSError, psutil.Error):
+            continue
+    return found

@@ -18,6 +18,7 @@ import pytest
 from raybench.grid import expand
 from raybench.spec import load_sweep
 from tests.conftest import ROOT
+from tests.integration.ray_nodes import session_processes
 
 pytestmark = pytest.mark.ray
 
@@ -113,12 +114,11 @@ def test_a_trial_that_raises_and_one_over_its_time_limit_are_rows(tmp_path):
 def _train_workers(session: int) -> list[psutil.Process]:
     """Ray Train worker processes of our own cluster (its session), none of anyone else's."""
     found = []
-    for p in psutil.process_iter(["cmdline"]):
+    for p in session_processes({session}):
         try:
-            if os.getsid(p.pid) == session and "RayTrainWorker" in " ".join(
-                    p.info["cmdline"] or []):
+            if "RayTrainWorker" in " ".join(p.cmdline()):
                 found.append(p)
-        except (psutil.Error, ProcessLookupError):
+        except psutil.Error:
             continue
     return found
 
