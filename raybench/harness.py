@@ -20,6 +20,7 @@ import torch
 import torchvision
 
 from raybench.grid import TrialSpec
+from raybench.memory import steady_heap
 from raybench.spec import SweepSpec
 from raybench.workloads.resnet import SyntheticImages
 
@@ -32,6 +33,9 @@ def bare_loop(trial: TrialSpec) -> float:
     if trial.workload_name != "resnet" or hw.world_size != 1:
         raise ValueError("the bare twin exists for single-rank resnet trials only")
     device = torch.device("cuda", 0) if hw.use_gpu else torch.device("cpu")
+    # the heap every rank has (worker.py): else the comparison would also weigh glibc's
+    # history-dependent page faults (22-34 thousand/s in this loop by default), not the harness
+    steady_heap()
     if not hw.use_gpu:
         torch.set_num_threads(max(1, int(hw.cpus_per_worker)))  # as Ray gives a CPU worker
     torch.manual_seed(p.seed)
@@ -116,6 +120,7 @@ def overhead(spec: SweepSpec, trial: TrialSpec, rounds: int,
     ratio = statistics.median(ray_thr) / statistics.median(bare)
     out = {
         "config": trial.overrides or trial.config(), "rounds": rounds,
+        "heap": steady_heap(),  # the bare loop's, as the ranks' (host/heap in the rows)
         "trials_per_round": per_round, "isolation": spec.execution.isolation,
         "bare_no_ray_samples_per_s": no_ray,
         "bare_samples_per_s": bare, "raybench_samples_per_s": ray_thr,

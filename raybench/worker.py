@@ -16,6 +16,7 @@ import json
 import logging
 import math
 import os
+import resource
 import socket
 import time
 from datetime import datetime, timezone
@@ -27,7 +28,7 @@ import torch
 from raybench import fabric, workloads
 from raybench.context import WorkerContext
 from raybench.grid import TrialSpec
-from raybench.memory import peak_rss_mb, reset_peak_rss
+from raybench.memory import peak_rss_mb, reset_peak_rss, steady_heap
 from raybench.metrics import REPEAT_CV_LIMIT_PCT, cv_pct
 from raybench.records import RankRecord
 from raybench.telemetry import aggregate, open_sampler
@@ -72,6 +73,7 @@ def measure_rank(trial: TrialSpec, ctx: WorkerContext) -> RankRecord:
         torch.cuda.set_device(ctx.device)
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(ctx.device)
+    heap = steady_heap()  # before the workload allocates: the same heap in every process
     reset_peak_rss()
     ctx.set_math_mode()
     if ctx.is_cuda:
@@ -94,7 +96,7 @@ def measure_rank(trial: TrialSpec, ctx: WorkerContext) -> RankRecord:
     if workload.epoch_based:
         if sampler:
             sampler.start()  # the whole training run: epochs are the measurement
-        cpu0, wall0 = _cpu_seconds(), time.perf_counter()
+        before = _usage()
         run = _run_epochs(workload, batches, ctx, m.warmup_steps)
     else:
         warm = [_timed_step(workload, batches, ctx) for _ in range(m.warmup_steps)]
@@ -102,17 +104,17 @@ def measure_rank(trial: TrialSpec, ctx: WorkerContext) -> RankRecord:
         ctx.clear_measurements()  # warmup's phase and own-compute times are not measurements
         if sampler:
             sampler.start()  # the measured window only: warmup and set-up are not steady state
-        cpu0, wall0 = _cpu_seconds(), time.perf_counter()
+        before = _usage()
         ctx.sync = m.sync  # warmup and the profiled steps after the windows stay per-step
         try:
             run = _run_windows(workload, batches, ctx, steps, m.repeats, m.max_repeats)
         finally:
             ctx.sync = "step"
         run["warm"] = warm + run["warm"]  # windows that became warmup come after the steps
-        if run["warmup_windows"]:  # CPU time and telemetry of the kept windows only
-            cpu0, wall0 = run["kept_from"]["cpu"], run["kept_from"]["wall"]
+        if run["warmup_windows"]:  # CPU time, faults and telemetry of the kept windows only
+            before = run["kept_from"]
     warm, wait_s, compute_s, loss = run["warm"], run["wait_s"], run["compute_s"], run["loss"]
-    cpu_util = 100.0 * (_cpu_seconds() - cpu0) / (time.perf_counter() - wall0)
+    usage = _window_usage(before, _usage())
     stamps["measure_end"] = time.time()
     telemetry = sampler.stop() if sampler else []
     if run.get("warmup_windows"):
@@ -159,7 +161,8 @@ def measure_rank(trial: TrialSpec, ctx: WorkerContext) -> RankRecord:
         **memory,
         describe=workload.describe(),
         precision=trial.hardware.precision,
-        cpu_util_pct=cpu_util,
+        **usage,
+        heap=heap,
         telemetry=telemetry,
         trace=trace,
         gpu=aggregate(telemetry, workload.samples_per_step() * len(compute_s)),
@@ -182,9 +185,9 @@ def _run_windows(workload: workloads.Workload, batches: Any, ctx: WorkerContext,
     for _ in range(most):
         kept.append(ctx.measured_counts())
         ctx.barrier()  # ranks start each window together, so the windows overlap
-        start = time.perf_counter()
-        # its start on the clocks of CPU time and of GPU telemetry samples, and on the windows'
-        starts.append({"cpu": _cpu_seconds(), "t": time.monotonic(), "wall": start})
+        # its start on the clocks of CPU time, faults and GPU telemetry samples, and the windows'
+        starts.append({**_usage(), "t": time.monotonic()})
+        start = starts[-1]["wall"]
         if ctx.sync == "window":
             marks, wait, out["loss"] = _unsynced_steps(workload, batches, ctx, steps)
             out["windows_s"].append(time.perf_counter() - start)
@@ -300,11 +303,44 @@ def _timed_step(workload: workloads.Workload, batches: Any, ctx: WorkerContext):
     return t1 - t0, done - t1, loss
 
 
-def _cpu_seconds() -> float:
-    """CPU time of this process and its finished children (DataLoader workers count once they
-    exit; live ones are measured by the OS, not here)."""
+def _usage() -> dict[str, float | None]:
+    """This process's counters at a window's edge: CPU time of it and its finished children
+    (DataLoader workers count once they exit; live ones are measured by the OS, not here), its
+    minor page faults (heap pages handed back to the OS and touched again: glibc's malloc,
+    memory.steady_heap), its threads' time ready to run but waiting for a core (another
+    process's work, or more threads than cores), and the clock."""
     t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
+    return {"cpu": t.user + t.system + t.children_user + t.children_system,
+            "faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt,
+            "wait": _run_wait_s(), "wall": time.perf_counter()}
+
+
+def _window_usage(before: dict[str, float | None], after: dict[str, float | None]
+                  ) -> dict[str, float | None]:
+    """The process's figures over a window from `_usage()` at its edges."""
+    s = after["wall"] - before["wall"]
+    wait = (None if after["wait"] is None or before["wait"] is None
+            else 100.0 * max(0.0, after["wait"] - before["wait"]) / s)
+    return {"cpu_util_pct": 100.0 * (after["cpu"] - before["cpu"]) / s,
+            "minor_faults_per_s": (after["faults"] - before["faults"]) / s,
+            "run_wait_pct": wait}
+
+
+def _run_wait_s() -> float | None:
+    """Seconds this process's threads have spent runnable but not running (Linux schedstat,
+    summed over threads; None where the kernel keeps no such count). A thread that ended
+    between two readings takes its wait with it: the window's threads are the rank's own."""
+    total = 0
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{tid}/schedstat") as f:
+                    total += int(f.read().split()[1])
+            except (FileNotFoundError, ProcessLookupError):
+                continue  # a thread that ended meanwhile
+    except OSError:
+        return None
+    return total / 1e9
 
 
 def _profile(workload: workloads.Workload, batches: Any, ctx: WorkerContext,

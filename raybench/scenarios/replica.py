@@ -26,7 +26,7 @@ import torch
 from raybench import flops, workloads
 from raybench.context import WorkerContext
 from raybench.grid import TrialSpec
-from raybench.memory import peak_rss_mb
+from raybench.memory import peak_rss_mb, steady_heap
 from raybench.worker import check_env
 
 log = logging.getLogger(__name__)
@@ -38,6 +38,7 @@ class Replica:
                  logical_gpus: bool = False):
         start = time.perf_counter()
         check_env(trial.hardware.env)
+        steady_heap()  # calls measure alike in a fresh actor and in a process that ran trials
         self.trial = trial
         t, inf = self.trial, self.trial.inference
         self.index, self.node = index, node or socket.gethostname()
