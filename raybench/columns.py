@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 UNITS = frozenset({
     "ms", "us", "s", "%", "MB", "W", "J", "C", "MHz", "GB/s", "MB/s", "queries/s",
-    "samples/s", "tokens/s", "pixels/s", "chips/s", "pixels/s/MB", "GFLOP", "TFLOP/s",
+    "samples/s", "tokens/s", "pixels/s", "chips/s", "faults/s", "pixels/s/MB", "GFLOP", "TFLOP/s",
     "M", "count", "bool", "text", "score",
 })
 # What a key's last part says its unit is ("*/s": a rate of something, "*/MB": per MB).

@@ -69,6 +69,9 @@ class RankRecord:
     describe: dict[str, Any] = field(default_factory=dict)  # Workload.describe()
     precision: str = "fp32"
     cpu_util_pct: float | None = None  # 100 = one core busy
+    minor_faults_per_s: float | None = None  # the process's page faults over the window
+    run_wait_pct: float | None = None  # its threads' wait for a core (100 = one thread's window)
+    heap: str | None = None  # memory.steady_heap: fixed, user or other
     telemetry: list[dict[str, Any]] = field(default_factory=list)  # NVML samples
     trace: str | None = None  # profiler trace path
     gpu: dict[str, Any] | None = None  # telemetry.aggregate of the window

@@ -38,6 +38,8 @@ def test_record_has_every_field(write_sweep):
         __import__("torchvision").models.resnet18(num_classes=10)))
     assert r.peak_allocated_mb is None and r.rss_peak_mb > 0
     assert 0 < r.cpu_util_pct < 100 * 64  # a busy process, at most every core
+    assert r.minor_faults_per_s >= 0 and r.heap == "fixed"  # memory.steady_heap, on glibc
+    assert 0 <= r.run_wait_pct < 100 * 64  # Linux schedstat
     assert r.telemetry == [] and r.gpu == {}  # no NVML on CPU: empty, not an error
     assert r.loss_final > 0
 

@@ -72,6 +72,16 @@ declare(
     Metric("host/rss_peak_mb", "MB", "peak resident memory of a rank process"),
     Metric("host/cpu_util_pct", "%", "CPU time of a rank process over the window (100 = one "
            "core), mean of ranks"),
+    Metric("host/minor_faults_per_s", "faults/s", "minor page faults of a rank process over the "
+           "window, the most of any rank: memory the heap gave back to the OS and touched again "
+           "(each costs a kernel entry and a zeroed page)"),
+    Metric("host/run_wait_pct", "%", "time a rank process's threads were ready to run but "
+           "waited for a core, over the window (100 = one thread the whole window; Linux "
+           "schedstat), the most of any rank: other processes' work on the rank's cores, or "
+           "more threads than cores"),
+    Metric("host/heap", "text", "the ranks' malloc: fixed (glibc's trim and mmap thresholds "
+           "fixed by raybench, memory.steady_heap), user (the environment tunes glibc's "
+           "malloc), other (not glibc)"),
     Metric("model/params_m", "M", "parameters, millions"),
     Metric("model/size_mb", "MB", "parameters and buffers"),
     Metric("cluster/nodes_used", "count", "distinct nodes the ranks ran on"),
@@ -140,6 +150,9 @@ def summarize(records: Records) -> dict[str, Any]:
         # 100 = one core busy, per rank process
         "host/cpu_util_pct": float(np.mean([r.cpu_util_pct for r in records]))
         if all(r.cpu_util_pct is not None for r in records) else None,
+        "host/minor_faults_per_s": _max(records, "minor_faults_per_s"),
+        "host/run_wait_pct": _max(records, "run_wait_pct"),
+        "host/heap": ",".join(sorted({r.heap for r in records if r.heap})) or None,
         "model/params_m": first.params / 1e6,
         # where the ranks ran: distinct nodes, and each rank's node/GPU in rank order
         "cluster/nodes_used": len({r.node_id or r.hostname for r in records}),
