@@ -1,11 +1,19 @@
 """`execution.isolation: worker` on a real Ray: trials share a worker group (the widest first, then
 narrower ones on its first ranks), and each still builds everything afresh and measures as on
-fresh processes. (A failed trial ending its group, the next starting fresh workers:
-tests/reliability/test_faults_ray.py, whose sweep runs under worker isolation.)"""
+fresh processes, in every position a trial can take in a group. (A failed trial ending its
+group, the next starting fresh workers: tests/reliability/test_faults_ray.py, whose sweep runs
+under worker isolation.)
+
+This 2-core VM's own speed drifts by 10-20% over tens of seconds with nothing else running
+(docs/performance.md, issue 45), so the group and the fresh processes are measured in
+alternating sweeps, round after round, and compared round by round: a drift then moves both
+sides of a pair alike, and the median of the rounds' ratios is what is bounded."""
 
 from __future__ import annotations
 
 import json
+import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +24,12 @@ import pytest
 from tests.conftest import ROOT
 from tests.integration.ray_nodes import LocalCluster
 
-pytestmark = pytest.mark.ray
+# Rounds of one group sweep and one fresh sweep, alternating which goes first. RAYBENCH_ROUNDS
+# raises it to measure the spread the bounds below come from.
+ROUNDS = int(os.environ.get("RAYBENCH_ROUNDS", "2"))
+
+# the rounds run in the first test's set-up: 75-90 s each here, 100 s on a loaded machine
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(120 + 150 * ROUNDS)]
 
 SWEEP = """
 name: isolation
@@ -26,10 +39,16 @@ workload: {name: resnet, depth: 18, image_size: 32, num_classes: 10, batch_size:
 # two ranks: the group's gloo process group carries the second trial's fresh DDP model too;
 # then one-rank trials on its first rank, the second rank gone
 hardware: {num_gpus: 0, cpu_workers: 2, cpus_per_worker: 1, dataloader_workers: 0}
-measure: {warmup_steps: 3, measure_steps: 30}
+measure: {warmup_steps: 3, measure_steps: 40}
 execution: {isolation: %(isolation)s}
 grid: %(grid)s
 """
+GROUP = "{cpu_workers: [1, 2], seed: [1, 2]}"  # group positions 0-3: (2, 1) (2, 2) (1, 1) (1, 2)
+FRESH = "{cpu_workers: [1, 2], seed: [1]}"  # each on processes of its own
+# group position -> (its trial, the fresh trial it is compared with)
+POSITIONS = {"first": ((2, 1), (2, 1)), "later": ((2, 2), (2, 1)),
+             "after the group narrowed": ((1, 1), (1, 1)),
+             "later after it narrowed": ((1, 2), (1, 1))}
 
 
 @pytest.fixture(scope="module")
@@ -43,10 +62,10 @@ def cluster():
         c.stop()
 
 
-def sweep(cluster, tmp_path: Path, isolation: str, grid: str) -> tuple[pd.DataFrame, list]:
-    path = tmp_path / f"{isolation}.yaml"
+def sweep(cluster, tmp: Path, name: str, isolation: str, grid: str) -> tuple[pd.DataFrame, dict]:
+    path = tmp / f"{name}.yaml"
     path.write_text(SWEEP % {"isolation": isolation, "grid": grid})
-    out = tmp_path / isolation
+    out = tmp / name
     proc = subprocess.run([sys.executable, "-m", "raybench.sweep", str(path), "--address",
                            cluster.address, "--output", str(out)], cwd=ROOT, env=cluster.env,
                           capture_output=True, text=True, timeout=600)
@@ -62,9 +81,22 @@ def sweep(cluster, tmp_path: Path, isolation: str, grid: str) -> tuple[pd.DataFr
     return df, pids
 
 
-def test_a_worker_group_runs_trials_of_one_shape_and_measures_as_fresh_processes(
-        cluster, tmp_path):
-    df, pids = sweep(cluster, tmp_path, "worker", "{cpu_workers: [1, 2], seed: [1, 2]}")
+@pytest.fixture(scope="module")
+def rounds(cluster, tmp_path_factory) -> list[dict]:
+    """ROUNDS x (the group sweep, the fresh sweep), alternating which runs first."""
+    tmp = tmp_path_factory.mktemp("isolation")
+    out = []
+    for n in range(ROUNDS):
+        runs = {}
+        for isolation in ("worker", "process")[::1 if n % 2 == 0 else -1]:
+            runs[isolation] = sweep(cluster, tmp, f"{isolation}{n}", isolation,
+                                    GROUP if isolation == "worker" else FRESH)
+        out.append(runs)
+    return out
+
+
+def test_a_worker_group_runs_trials_of_one_shape_on_the_same_processes(rounds):
+    df, pids = rounds[0]["worker"]
     assert (df["trial/isolation"] == "worker").all()
     assert (df["status"] == "ok").all(), df["error"]
     # one group of two ranks: its two-rank trials first, then the one-rank trials on its first
@@ -82,22 +114,47 @@ def test_a_worker_group_runs_trials_of_one_shape_and_measures_as_fresh_processes
     later = order.iloc[1:]
     assert later["overhead/train_start_s"].isna().all()  # no workers started for them
     assert (later["overhead/fixed_s"] < first["overhead/fixed_s"] / 2).all()
-    # the same trials under process isolation: memory peaks and step times match, for a
-    # group's second trial of its own ranks and for a one-rank trial after the group's second
-    # rank left
-    alone, alone_pids = sweep(cluster, tmp_path, "process", "{cpu_workers: [1, 2], seed: [2]}")
+    alone, alone_pids = rounds[0]["process"]
     assert (alone["status"] == "ok").all() and (alone["trial/isolation"] == "process").all()
     assert (alone["trial/group_ranks"] == alone["train/world_size"]).all()
-    assert alone_pids[2, 2] != group and alone_pids[1, 2] != group[:1]
-    for ranks in (2, 1):
-        shared, fresh = df.loc[(ranks, 2)], alone.loc[(ranks, 2)]
-        print(ranks, {k: (shared[k], fresh[k]) for k in (
-            "host/rss_peak_mb", "train/step_time_p50_ms", "train/samples_per_s",
-            "overhead/fixed_s")})
-        assert shared["host/rss_peak_mb"] == pytest.approx(fresh["host/rss_peak_mb"], rel=0.1)
-        # Step times: a shared process must not be slower (a leak, a rank left behind that
-        # spins, a driver writing rows during the window: 26-34% slower before the row
-        # hand-off); a group's second trial measured 6-14% faster here, the fresh one sharing
-        # two cores with its start-up's after-effects.
-        ratio = shared["train/step_time_p50_ms"] / fresh["train/step_time_p50_ms"]
-        assert 0.6 < ratio < 1.2, (ranks, ratio)
+    assert alone_pids[2, 1] != group and alone_pids[1, 1] != group[:1]
+    for position, (shared, fresh) in POSITIONS.items():
+        assert df.loc[shared, "host/rss_peak_mb"] == pytest.approx(
+            alone.loc[fresh, "host/rss_peak_mb"], rel=0.1), position
+
+
+def test_every_group_position_measures_as_fresh_processes(rounds):
+    """Per position, the group's samples/s over the fresh trial's in the same round; the
+    median over the rounds within 25% either way. The bound comes from the measured spread
+    (docs/performance.md, issue 45): over 22 rounds on this VM, quiet, with a busy process per
+    core, and with busy processes competing thread for thread, the per-round ratios spread
+    with a standard deviation (of their logarithm) of 0.05-0.15 and ran 0.79-1.26; the median
+    of any 2 of those rounds (CI runs 2) stayed within 0.82-1.20 for every position, of any 3
+    within 0.85-1.17. What this guards
+    against is larger and one-sided: the ratios of 1.34-1.48 the issue found, the driver's row
+    writing inside a window (26-34% slower), a departed rank that spins.
+
+    The cause of those ratios is checked directly, as it is a mechanism and not a noisy
+    figure: every trial's heap is raybench's (memory.steady_heap), and none page-faults at
+    the rate of a glibc heap that unmaps and maps its memory every step (7-42 thousand
+    faults/s in the default sweep's trials before the fix, at most about 1,000 after)."""
+    ratios = {p: [] for p in POSITIONS}
+    waits = {p: [] for p in POSITIONS}
+    for runs in rounds:
+        (group, _), (fresh, _) = runs["worker"], runs["process"]
+        for df in (group, fresh):
+            assert (df["status"] == "ok").all(), df["error"]
+        for position, (shared, alone) in POSITIONS.items():
+            ratios[position].append(group.loc[shared, "train/samples_per_s"]
+                                    / fresh.loc[alone, "train/samples_per_s"])
+            waits[position].append((group.loc[shared, "host/run_wait_pct"],
+                                    fresh.loc[alone, "host/run_wait_pct"]))
+    print(json.dumps({"ratios": ratios, "run_wait": waits, "faults": [
+        [runs[k][0]["host/minor_faults_per_s"].round().tolist() for k in ("worker", "process")]
+        for runs in rounds]}))
+    for runs in rounds:
+        for df, _ in runs.values():
+            assert (df["host/heap"] == "fixed").all()
+            assert (df["host/minor_faults_per_s"] < 5000).all(), df["host/minor_faults_per_s"]
+    for position, values in ratios.items():
+        assert 1 / 1.25 < statistics.median(values) < 1.25, (position, values)
