@@ -2,7 +2,8 @@
 
 `overhead` compares a bare PyTorch loop with a full raybench trial (harness.py holds both
 sides); `forward-check` times a tile model's forward against torch.utils.benchmark; `chips`
-compares Ray Data chipping with the reference's serial whole-band chipping (data/chipbench.py).
+compares Ray Data chipping with the reference's serial whole-band chipping (data/chipbench.py);
+`history` times the history's appends and reads (history.py).
 `run SWEEP.yaml` is `python -m raybench.sweep SWEEP.yaml --runner local`, kept as a short name.
 """
 
@@ -49,6 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     chips.add_argument("--settle", type=float, default=5.0,
                        help="seconds each side waits before its clock starts, so that every "
                             "side starts on memory in the same state (docs/performance.md)")
+    hist = sub.add_parser("history", help="the history's append and read costs")
+    hist.add_argument("--row", help="a results.parquet whose first row is the template "
+                      "(default: the newest under results/)")
+    hist.add_argument("--rows", type=int, default=100_000, help="earlier rows")
+    hist.add_argument("--runs", type=int, default=1_000, help="earlier runs holding them")
     args = p.parse_args(argv)
     if args.cmd == "run":
         from raybench import sweep
@@ -60,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
                            *(["--resume"] if args.resume else []),
                            *(["--jsonl"] if args.jsonl else [])])
     cli.setup_logging()
+    if args.cmd == "history":
+        return _history(args)
     if args.cmd == "chips":
         from raybench.data.chipbench import compare
 
@@ -88,6 +96,27 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     raise AssertionError(f"unhandled command {args.cmd}")  # argparse allows no other
 
+
+def _history(args: argparse.Namespace) -> int:
+    import sys
+    import tempfile
+
+    import pandas as pd
+
+    from raybench.history import benchmark
+
+    found = sorted(Path("results").rglob("results.parquet"), key=lambda p: p.stat().st_mtime)
+    source = Path(args.row) if args.row else (found[-1] if found else None)
+    if source is None or not source.is_file():
+        print(f"raybench: no results.parquet to take a real row from ({args.row or 'results/'})"
+              ". Fix: run `make sweep` first, or pass --row RUN_DIR/results.parquet",
+              file=sys.stderr)
+        return 2
+    row = pd.read_parquet(source).iloc[0].to_dict()
+    with tempfile.TemporaryDirectory() as tmp:
+        result = benchmark(row, Path(tmp), args.rows, args.runs)
+    print(json.dumps({"raybench_history_bench": {"row_from": str(source), **result}}))
+    return 0
 
 
 if __name__ == "__main__":

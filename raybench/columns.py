@@ -29,6 +29,7 @@ _SUFFIX = [("_per_s", "*/s"), ("_per_mb", "*/MB"), ("_gb_s", "GB/s"), ("_ms", "m
            ("_us", "us"), ("_s", "s"), ("_pct", "%"), ("_mb", "MB"), ("_w", "W"), ("_j", "J"),
            ("_c", "C"), ("_mhz", "MHz"), ("_qps", "queries/s")]
 STRICT_ENV = "RAYBENCH_STRICT_COLUMNS"  # set (tests): an undeclared column is an error
+META_KEY = b"raybench.columns"  # a Parquet file's schema metadata: its columns' units
 
 
 @dataclass(frozen=True)
@@ -107,12 +108,12 @@ def check(columns: list[str], where: str) -> list[str]:
 
 def metadata(columns: list[str]) -> dict[bytes, bytes]:
     """Parquet schema metadata carrying the units of these columns."""
-    return {b"raybench.columns": json.dumps(units(columns), sort_keys=True).encode()}
+    return {META_KEY: json.dumps(units(columns), sort_keys=True).encode()}
 
 
 def read_metadata(meta: dict[bytes, bytes] | None) -> dict[str, dict[str, str]]:
     """What `metadata` wrote ({} for tables written before units were declared)."""
-    raw = (meta or {}).get(b"raybench.columns")
+    raw = (meta or {}).get(META_KEY)
     return json.loads(raw) if raw else {}
 
 

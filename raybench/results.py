@@ -9,7 +9,6 @@ back into objects: Parquet and JSON only.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import math
@@ -102,7 +101,8 @@ def _check_resumable(spec: SweepSpec, out: Path) -> None:
 
 
 def history_root(spec: SweepSpec, override: str | None) -> Path:
-    """Where `history.parquet` lives: the results root, or beside an explicit run directory."""
+    """Where the history lives (history.py): the results root, or beside an explicit run
+    directory."""
     explicit = override or spec.output.dir
     return Path(explicit).resolve().parent if explicit else Path(spec.output.root).resolve()
 
@@ -123,26 +123,6 @@ def code_version() -> str:
         return f"raybench-{version('raybench')}"
 
 
-class History:
-    """`history.parquet` + `history.csv` under the results root: every row of every run, with
-    when it was recorded and the code version. A lock file serialises concurrent sweeps."""
-
-    def __init__(self, root: Path):
-        self.root = Path(root)
-        self.parquet = self.root / "history.parquet"
-        self.version = code_version()
-
-    def append(self, row: dict[str, Any]) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        entry = {**row, "recorded_at": now(), "code_version": self.version}
-        with open(self.root / ".history.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            rows = pd.read_parquet(self.parquet).to_dict("records") if self.parquet.exists() else []
-            frame = to_frame([*rows, entry])
-            _atomic(self.parquet, lambda p: write_parquet(frame, p))
-            _atomic(self.root / "history.csv", lambda p: frame.to_csv(p, index=False))
-
-
 def write_report(out: Path) -> str | None:
     """`report.html` (+ .md/.json) of a finished run; a report that fails never fails a sweep."""
     try:
@@ -155,14 +135,24 @@ def write_report(out: Path) -> str | None:
 
 
 def write_run_files(out: Path, spec: SweepSpec, cluster: dict[str, Any],
-                    nodes: dict[str, dict[str, Any]] | None = None) -> None:
+                    nodes: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """The resolved spec and the system facts (each node's own where given), written before
-    the first trial."""
+    the first trial; returns the facts."""
     from raybench import sysinfo  # imports torch: kept off the dry-run path
 
     (out / "sweep.yaml").write_text(yaml.safe_dump(spec.to_yaml_dict(), sort_keys=False))
     info = sysinfo.collect(cluster, nodes)
     (out / "system_info.json").write_text(json.dumps(info, indent=1, default=str))
+    return info
+
+
+def run_facts(out: Path) -> dict[str, Any]:
+    """The system facts a run recorded (a resumed run's rows keep its first session's)."""
+    path = out / "system_info.json"
+    try:
+        return json.loads(path.read_text()) if path.exists() else {}
+    except ValueError:
+        return {}
 
 
 class ResultsTable:
@@ -194,9 +184,11 @@ class RowWriter:
     """Turns trial outcomes into rows and trial files; remembers what is written."""
 
     def __init__(self, spec: SweepSpec, run_id: str, table: ResultsTable,
-                 history: History | None = None, jsonl: bool = False,
+                 history: Any = None, jsonl: bool = False,
                  sinks: list[Callable[[dict[str, Any], Path], None]] | None = None):
         self.spec, self.run_id, self.table, self.history = spec, run_id, table, history
+        # system/* columns added to every row (fingerprint.py), once the run's facts are known
+        self.system: dict[str, Any] = {}
         self.jsonl = jsonl  # print each trial's row as a JSON line on stdout as it is written
         # each is given a trial's row and trial file once both are on disk (tracking.Tracker)
         self.sinks = list(sinks or [])
@@ -285,6 +277,7 @@ class RowWriter:
                  result["largest_batch"], result["probes"])
 
     def _append(self, row: dict[str, Any]) -> None:
+        row.update(self.system)
         if row.get("workload.name"):  # its module declares its own columns (on import)
             workloads.get(row["workload.name"])
         columns.check(list(row), f"{self.table.dir} row {row.get('trial_key')}")

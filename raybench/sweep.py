@@ -19,18 +19,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from raybench import cli, interrupts, runners, workloads
+from raybench import cli, fingerprint, interrupts, runners, workloads
 from raybench.data.stage import PreprocessSpec
 from raybench.grid import TrialSpec, stage_variants
+from raybench.history import History
 from raybench.progress import Progress
 from raybench.records import TrialOutcome
 from raybench.results import (
-    History,
     ResultsTable,
     RowWriter,
     history_root,
     now,
     publish,
+    run_facts,
     write_report,
     write_run_files,
 )
@@ -174,6 +175,7 @@ def run_sweep(spec: SweepSpec, trials: list[TrialSpec], out: Path, runner: Runne
             runner.check(trials)
             if not writer.resumed:  # a resumed run keeps the system facts its first rows came from
                 write_run_files(out, spec, *runner.system())
+            writer.system = fingerprint.of(run_facts(out))
             if tracker:
                 tracker.start()
             outputs = [_stage(variant, out, writer) for variant in stage_variants(spec)]
@@ -206,6 +208,11 @@ def run_sweep(spec: SweepSpec, trials: list[TrialSpec], out: Path, runner: Runne
         log.warning("interrupted by signal %d: %d trial rows are on disk; run the same command "
                     "with --resume to finish", interrupted, len(writer.done))
     summary = writer.summary(out, time.monotonic() - t0)
+    if history is not None:
+        try:  # after the run's last row: the fold costs no trial anything
+            history.compact()
+        except Exception:  # the run files stay as they are, read unfolded
+            log.exception("could not fold the history's run files under %s", history.root)
     summary = {**summary, "report": write_report(out)}
     if tracker:
         summary["mlflow"] = tracker.finish({**summary, "interrupted": interrupted})

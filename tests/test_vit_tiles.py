@@ -109,6 +109,10 @@ def test_cpu_tile_sweep_fills_every_column(tmp_path, capsys):
         elif col.startswith(("train/", "model/", "host/")) and col not in may_be_empty and not \
                 col.startswith(("train/backward_", "train/optimizer_")):  # train-mode phases
             assert df[col].notna().all(), col
+    # the system that produced them, on every row (fingerprint.py)
+    assert (df["system/accelerator"] == "cpu").all() and (df["system/nodes"] == 1).all()
+    assert df["system/fingerprint"].nunique() == 1 and df["system/torch"].notna().all()
+    assert df["system/cpu_model"].notna().all()
     train = df[df["workload.mode"] == "train"]
     assert train["train/backward_mean_ms"].notna().all()
     assert train["train/loss_final"].notna().all()

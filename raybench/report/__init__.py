@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 import pyarrow.parquet as pq
 
-from raybench import columns
+from raybench import columns, fingerprint
 from raybench.report import figures, page, reference
 from raybench.report.assess import (
     THROUGHPUT,
@@ -144,18 +144,29 @@ def markdown(m: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_history(history: Path, out: Path, threshold_pct: float = 5.0) -> Path:
-    """A metric over time per configuration from history.parquet, regressions flagged."""
-    hist = pd.read_parquet(history)
-    units = columns.read_metadata(pq.read_schema(history).metadata)
+HISTORY_COLUMNS = ["sweep", "run_id", "stage", "trial_key", "status", "recorded_at",
+                   "code_version", THROUGHPUT, "train/step_time_cv_pct", "system/accelerator",
+                   "system/fingerprint", *fingerprint.SOFTWARE]
+
+
+def write_history(root: Path, out: Path, threshold_pct: float = 5.0) -> Path:
+    """A metric over time per configuration from a results root's history, regressions
+    flagged."""
+    from raybench import history as hist_store
+
+    # the page's columns only: a history is one file per run, and reading every column of a
+    # thousand runs takes seconds where these take a fraction (docs/performance.md)
+    hist = hist_store.read(root, columns_=HISTORY_COLUMNS)
+    units = hist_store.units(root)
     flagged = regressions(hist, threshold_pct)
-    cols = ["sweep", "trial_key", "run_id", "recorded_at", "code_version", THROUGHPUT,
-            "drop_pct", "limit_pct"]
+    cols = ["sweep", "trial_key", "system/accelerator", "run_id", "recorded_at", "code_version",
+            THROUGHPUT, "drop_pct", "limit_pct", "software_change"]
+    runs = hist["run_id"].nunique() if "run_id" in hist else 0
     m = {"title": "raybench history", "table_title": "Regressions beyond the measured noise",
-         "header": [f"{history}: {len(hist)} rows, {hist['run_id'].nunique()} runs; "
+         "header": [f"{root}: {len(hist)} rows, {runs} runs; "
                     f"threshold {threshold_pct:g}% or twice the run's step-time CV%"],
          "columns": cols if not flagged.empty else ["sweep"],
-         "rows": flagged[cols].to_dict("records") if not flagged.empty else [],
+         "rows": flagged.reindex(columns=cols).to_dict("records") if not flagged.empty else [],
          "units": units}
     fig = figures.history(hist, flagged, unit=units.get(THROUGHPUT, {}).get("unit"))
     out.write_text(page.render(m, [("history", fig)] if fig else []), encoding="utf-8")

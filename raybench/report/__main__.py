@@ -14,7 +14,8 @@ def main(argv: list[str] | None = None) -> int:
                                 description="Self-contained HTML report of raybench runs")
     p.add_argument("runs", nargs="*", help="run directories (several: compared side by side)")
     p.add_argument("--index", metavar="RESULTS_ROOT", help="write RESULTS_ROOT/index.html")
-    p.add_argument("--history", metavar="HISTORY_PARQUET", help="write a history page")
+    p.add_argument("--history", metavar="RESULTS_ROOT",
+                   help="write a history page of the history under RESULTS_ROOT")
     p.add_argument("--threshold-pct", type=float, default=5.0, help="regression threshold")
     p.add_argument("-o", "--output", help="HTML file (default RUN_DIR/report.html for one run)")
     p.add_argument("--memory-budget-mb", type=float, help="for the within-budget recommendation")
@@ -23,11 +24,19 @@ def main(argv: list[str] | None = None) -> int:
         print(write_index(Path(args.index), Path(args.output) if args.output else None))
         return 0
     if args.history:
-        out = Path(args.output) if args.output else Path(args.history).with_name("history.html")
-        print(write_history(Path(args.history), out, args.threshold_pct))
+        from raybench import history
+
+        root = Path(args.history)
+        if root.name == history.LEGACY:  # the old single table: its results root
+            root = root.parent
+        if not history.files(root):
+            print(history.no_history(args.history), file=sys.stderr)
+            return 2
+        out = Path(args.output) if args.output else root / "history.html"
+        print(write_history(root, out, args.threshold_pct))
         return 0
     if not args.runs:
-        p.error("give run directories, --index RESULTS_ROOT or --history HISTORY_PARQUET")
+        p.error("give run directories, --index RESULTS_ROOT or --history RESULTS_ROOT")
     missing = [r for r in args.runs if not (Path(r) / "results.parquet").exists()]
     if missing:
         print(f"raybench: {missing[0]} has no results.parquet. Fix: pass a run directory "

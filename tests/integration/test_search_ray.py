@@ -9,6 +9,7 @@ import sys
 import pandas as pd
 import pytest
 
+from raybench import history
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.ray
@@ -34,4 +35,4 @@ def test_search_on_ray_records_probes_and_answer(tmp_path):
     assert list(df["stage"]) == ["benchmark", "search"]
     assert df["status"][0] == "ok" and df["host/rss_peak_mb"][0] > 1  # ran, but over budget
     assert df["status"][1] == "error" and "not even batch size 1" in df["error"][1]
-    assert (tmp_path / "history.parquet").exists()
+    assert history.files(tmp_path)

@@ -54,7 +54,8 @@ def assert_rejected(tmp_path: Path, proc: subprocess.CompletedProcess, *fragment
     assert str(tmp_path / "sweep.yaml") in err and "Fix:" in err, err
     for f in fragments:
         assert f in err, (f, err)
-    tables = list(tmp_path.rglob("results.parquet")) + list(tmp_path.rglob("history.parquet"))
+    tables = [*tmp_path.rglob("results.parquet"), *tmp_path.rglob("history/*.parquet"),
+              *tmp_path.rglob("history.parquet")]
     assert tables == []
 
 

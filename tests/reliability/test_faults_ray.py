@@ -15,6 +15,7 @@ import pandas as pd
 import psutil
 import pytest
 
+from raybench import history as history_store
 from raybench.grid import expand
 from raybench.spec import load_sweep
 from tests.conftest import ROOT
@@ -74,7 +75,7 @@ def test_sigint_mid_sweep_then_resume(tmp_path):
     # the rows written before the interrupt are kept as they were, not rerun
     kept = df.set_index("trial_key").loc[first["trial_key"], "end_time"]
     assert list(kept) == list(first["end_time"])
-    history = pd.read_parquet(tmp_path / "history.parquet")
+    history = history_store.read(tmp_path)
     assert len(history) == 2 and not history["trial_key"].duplicated().any()
     assert f'"resumed_rows": {len(first)}' in again.stdout
     assert (out / "system_info.json").read_text() == facts  # the first session's facts stay

@@ -181,6 +181,52 @@ def test_regressions_beyond_noise():
     assert regressions(history_frame([100.0, 100.0, 88.0], cvs=[1, 1, 8])).empty
 
 
+def test_regressions_compare_a_machine_only_with_itself_and_name_the_upgrade():
+    """An H100 history at 3,000 samples/s and an A100 row at 1,500 of the same configuration:
+    no regression (another machine is not a baseline); a real drop on the H100 after a torch
+    upgrade: flagged against the H100's own rows, the upgrade named."""
+    from raybench.report.assess import regressions
+
+    def on(gpu, values, torch_versions):
+        frame = history_frame(values)
+        return frame.assign(**{"system/fingerprint": f"fp-{gpu}", "system/accelerator": gpu,
+                               "system/torch": torch_versions})
+
+    h100 = on("H100", [3000.0, 3010.0, 2990.0], ["2.14.1"] * 3)
+    a100 = on("A100", [1500.0], ["2.14.1"]).assign(recorded_at="2026-11-20T00:00", run_id="a")
+    assert regressions(pd.concat([h100, a100], ignore_index=True)).empty
+    slower = on("H100", [2600.0], ["2.15.0"]).assign(recorded_at="2026-11-21T00:00",
+                                                     run_id="upgrade")
+    flagged = regressions(pd.concat([h100, a100, slower], ignore_index=True))
+    assert list(flagged["run_id"]) == ["upgrade"]
+    assert flagged["drop_pct"].iloc[0] == pytest.approx(13.33, abs=0.01)  # against 3,000
+    assert flagged["software_change"].iloc[0] == "torch 2.14.1 -> 2.15.0"
+
+
+def test_fingerprint_of_a_cluster_and_of_one_machine():
+    from raybench import fingerprint
+
+    def node(gpus, torch_version="2.15.0", driver="560.35"):
+        return {"cpu": {"model": "Xeon 8480"}, "cuda": {"torch_cuda": "12.8", "nccl": "2.27.3"},
+                "gpus": [{"name": "NVIDIA H100 80GB HBM3", "driver": driver}] * gpus,
+                "versions": {"torch": torch_version, "ray": "2.60.0", "raybench": "0.1.0"}}
+
+    cluster = {**node(0), "nodes": {"10.0.0.1": node(0), "10.0.0.2": node(8),
+                                    "10.0.0.3": node(8, driver="550.90")}}
+    fp = fingerprint.of(cluster)
+    assert fp["system/accelerator"] == "NVIDIA H100 80GB HBM3"
+    assert fp["system/accelerators_per_node"] == 8 and fp["system/nodes"] == 3
+    assert fp["system/driver"] == "550.90|560.35"  # nodes that differ are shown to differ
+    laptop = fingerprint.of({"cpu": {"model": "i7"}, "gpus": [], "versions": {"torch": "2.15"}})
+    assert laptop["system/accelerator"] == "cpu" and laptop["system/nodes"] == 1
+    assert laptop["system/fingerprint"] != fp["system/fingerprint"]
+    # software is not hardware: an upgrade keeps the fingerprint
+    upgraded = {**cluster, "nodes": {k: {**v, "versions": {**v["versions"], "torch": "2.16"}}
+                                     for k, v in cluster["nodes"].items()}}
+    assert fingerprint.of(upgraded)["system/fingerprint"] == fp["system/fingerprint"]
+    assert fingerprint.software_changes(fp, fingerprint.of(upgraded)) == "torch 2.15.0 -> 2.16"
+
+
 def test_comparison_normalises_per_rank():
     two = pd.concat([FRAME.assign(**{"train/samples_per_s_per_worker": FRAME["train/samples_per_s"]
                                      / FRAME["train/world_size"]}),
@@ -203,7 +249,7 @@ def test_index_and_history_pages(tmp_path):
     assert index.count("<a href='sweep/") == 2
     assert "data-v='400.0'" in index  # best samples/s of each run
     history_frame([100.0, 101.0, 80.0]).to_parquet(tmp_path / "history.parquet")
-    hist = write_history(tmp_path / "history.parquet", tmp_path / "history.html").read_text()
+    hist = write_history(tmp_path, tmp_path / "history.html").read_text()  # read in place
     assert "regression" in hist and "w2" in hist
 
 

@@ -1,0 +1,170 @@
+"""The history: append-only files under the results root, whole or absent, read with filters."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import pytest
+
+from raybench import columns, history
+from raybench.history import History
+from raybench.results import ID_COLUMNS
+from tests.conftest import ROOT
+
+# appends `n` rows of run `run` into `root`, one History per process as a sweep has
+WRITER = """
+import sys
+from raybench.history import History
+from raybench.results import ID_COLUMNS
+root, run, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+h = History(root, code_version="test")
+for i in range(n):
+    h.append({**dict.fromkeys(ID_COLUMNS), "sweep": "s", "run_id": run, "trial_key": f"k{i % 4}", "trial_index": i,
+              "status": "ok", "train/samples_per_s": float(i), "workload.note": "x" * 2000})
+    print(i, flush=True)
+"""
+
+
+def row(**values) -> dict:
+    """A history row: the identity columns every real row has, then `values`."""
+    return {**dict.fromkeys(ID_COLUMNS), "status": "ok", **values}
+
+
+def writer(root: Path, run: str, n: int) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", WRITER, str(root), run, str(n)], cwd=ROOT,
+                            stdout=subprocess.PIPE, text=True)
+
+
+def test_two_sweeps_appending_at_once_lose_nothing(tmp_path):
+    procs = [writer(tmp_path, run, 60) for run in ("a", "b")]
+    for p in procs:
+        assert p.wait(timeout=120) == 0
+    hist = history.read(tmp_path)
+    assert len(hist) == 120
+    assert hist.groupby("run_id")["trial_index"].apply(sorted).to_dict() == {
+        "a": list(range(60)), "b": list(range(60))}
+    assert len(history.files(tmp_path)) == 2  # a file per writer; none rewrote the other's
+
+
+def test_a_writer_killed_mid_append_leaves_only_whole_files(tmp_path):
+    """SIGKILL while rows are being written, again and again: every read after it works and
+    sees whole rows only; the temporaries a killed writer left are not read."""
+    for run in ("k1", "k2", "k3"):
+        p = writer(tmp_path, run, 10_000)
+        for _ in range(5 + hash(run) % 20):  # a different moment each time
+            p.stdout.readline()
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        hist = history.read(tmp_path)
+        assert (hist["train/samples_per_s"] == hist["trial_index"]).all()
+    assert set(hist["run_id"]) == {"k1", "k2", "k3"}
+    # a temporary as a kill leaves it (store.write_bytes: `<file>.tmp<pid>`), half-written
+    hdir = tmp_path / "history"
+    stale = hdir / "k9.abc.parquet.tmp999"
+    stale.write_bytes(b"PAR1 half a file")
+    assert len(history.read(tmp_path)) == len(hist)
+    old = time.time() - history.STALE_TMP_S - 10
+    os.utime(stale, (old, old))
+    History(tmp_path, code_version="t").append(row(run_id="next", trial_key="k0"))
+    assert not stale.exists()  # the next writer clears what is over an hour old
+
+
+def test_legacy_table_is_read_in_place_beside_new_files_of_other_columns(tmp_path):
+    pd.DataFrame({"sweep": ["s"], "run_id": ["old"], "trial_key": ["k0"], "status": ["ok"],
+                  "recorded_at": ["2026-10-01T00:00:00+00:00"], "code_version": ["v0"],
+                  "train/samples_per_s": [100.0], "gone/column": [None]}).to_parquet(
+        tmp_path / "history.parquet")
+    h = History(tmp_path, code_version="v1")
+    h.append(row(sweep="s", run_id="new", trial_key="k0", **{
+        "train/samples_per_s": 90.0, "gone/column": 1.5, "new/column_ms": 3.0}))
+    h.append(row(sweep="s", run_id="new", trial_key="k1", **{"train/samples_per_s": 50.0}))
+    hist = history.read(tmp_path)
+    assert list(hist["run_id"]) == ["old", "new", "new"]  # oldest first
+    assert pd.isna(hist["gone/column"][0]) and hist["gone/column"][1] == 1.5
+    assert pd.isna(hist["new/column_ms"][0]) and hist["new/column_ms"][1] == 3.0
+    one = history.read(tmp_path, ds.field("trial_key") == "k0", ["run_id", "trial_key"])
+    assert list(one.columns) == ["run_id", "trial_key"] and list(one["run_id"]) == ["old", "new"]
+    assert (tmp_path / "history.parquet").stat().st_size > 0  # never rewritten
+    assert history.units(tmp_path)["train/samples_per_s"]["unit"] == "samples/s"
+
+
+def test_csv_export_and_a_root_without_history(tmp_path):
+    History(tmp_path, code_version="v").append(row(sweep="s", run_id="r", trial_key="k"))
+    History(tmp_path, code_version="v").append(row(sweep="t", run_id="r2", trial_key="k"))
+    out = tmp_path / "h.csv"
+    assert history.main([str(tmp_path), "--csv", str(out), "--sweep", "t"]) == 0
+    assert pd.read_csv(out)["sweep"].tolist() == ["t"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    proc = subprocess.run([sys.executable, "-m", "raybench.history", str(empty), "--csv",
+                           str(empty / "x.csv")], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 2 and "holds no history" in proc.stderr and "Fix:" in proc.stderr
+    assert not (empty / "x.csv").exists()
+
+
+@pytest.mark.parametrize("existing", [0, 2000])
+def test_an_append_does_not_read_the_history(tmp_path, existing, monkeypatch):
+    for i in range(existing // 500):
+        h = History(tmp_path, code_version="v")
+        h.rows = [row(run_id=f"r{i}", trial_key=f"k{j}") for j in range(499)]
+        h.append(row(run_id=f"r{i}", trial_key="k"))
+    assert len(history.read(tmp_path)) == existing
+    monkeypatch.setattr(history, "read_table", lambda *a, **k: pytest.fail("append read"))
+    monkeypatch.setattr(pd, "read_parquet", lambda *a, **k: pytest.fail("append read"))
+    before = {p: p.stat().st_mtime_ns for p in (tmp_path / "history").glob("*.parquet")}
+    History(tmp_path, code_version="v").append(row(run_id="new", trial_key="k"))
+    after = {p: p.stat().st_mtime_ns for p in (tmp_path / "history").glob("*.parquet")}
+    assert {p: t for p, t in after.items() if p in before} == before  # earlier files untouched
+    assert len(after) == len(before) + 1
+
+
+def test_old_run_files_fold_into_a_segment_and_every_row_reads_once(tmp_path, monkeypatch):
+    """70 run files a day old: one compaction folds 64 into a segment (the sweep's end calls
+    it); rows read once before, during (segment written, its files not yet removed) and after;
+    files written within the day, a running sweep's, are not folded."""
+    past = time.time() - 2 * history.ACTIVE_S
+    for r in range(70):
+        History(tmp_path, code_version="v").append(row(run_id=f"r{r:02d}", trial_key="k", **{
+            "train/samples_per_s": float(r)}))
+    for p in (tmp_path / "history").glob("*.parquet"):
+        os.utime(p, (past, past))
+    live = History(tmp_path, code_version="v")
+    live.append(row(run_id="live", trial_key="k"))
+    assert history.compact(tmp_path, at_least=80) is None  # not yet 80 old files
+    removed = []
+    monkeypatch.setattr(Path, "unlink", lambda self, missing_ok=False: removed.append(self))
+    segment = history.compact(tmp_path)
+    assert segment and len(removed) == 64
+    mid = history.read(tmp_path)  # the folded files still there: read once, from the segment
+    assert sorted(mid["run_id"]) == sorted([f"r{r:02d}" for r in range(70)] + ["live"])
+    monkeypatch.undo()
+    for p in removed:
+        p.unlink()
+    names = [Path(p).name for p in history.files(tmp_path)]
+    assert sum(n.startswith(history.SEGMENT) for n in names) == 1 and len(names) == 8
+    assert live.file in history.files(tmp_path)  # recent: left alone
+    after = history.read(tmp_path)
+    assert len(after) == 71 and not after.duplicated(["run_id"]).any()
+    folded = after[after["run_id"] != "live"].sort_values("run_id")
+    assert list(folded["train/samples_per_s"]) == list(range(70))
+    units = columns.read_metadata(pq.read_schema(segment).metadata)  # the segment keeps them
+    assert units["train/samples_per_s"]["unit"] == "samples/s"
+
+
+def test_a_writer_whose_file_was_folded_goes_on_in_a_new_file(tmp_path):
+    h = History(tmp_path, code_version="v")
+    h.append(row(run_id="slow", trial_key="k0"))
+    old = time.time() - 2 * history.ACTIVE_S
+    os.utime(h.file, (old, old))
+    assert history.compact(tmp_path, at_least=1)
+    h.append(row(run_id="slow", trial_key="k1"))  # a day later, the run's next row
+    hist = history.read(tmp_path)
+    assert sorted(hist["trial_key"]) == ["k0", "k1"]
