@@ -64,6 +64,22 @@ def test_repeat_cv():
     assert summarize([record(0, 0.1)])["train/repeat_cv_pct"] is None
 
 
+def test_windows_and_their_confidence_interval():
+    r = record(0, 0.1, n=10)
+    r["compute_s"] = [0.1] * 50
+    r["wait_s"] = [0.0] * 50
+    r["windows_s"] = [1.0, 1.25, 1.0, 1.1, 0.9]  # 320, 256, 320, 290.9, 355.6 samples/s
+    m = summarize([r])
+    assert m["train/window_samples_per_s"] == pytest.approx([320, 256, 320, 290.91, 355.56],
+                                                            abs=0.01)
+    low, high = m["train/samples_per_s_ci95_low"], m["train/samples_per_s_ci95_high"]
+    mean = sum(m["train/window_samples_per_s"]) / 5
+    assert 256 <= low < mean < high <= 355.6  # within the windows, around their mean
+    assert summarize([r])["train/samples_per_s_ci95_low"] == low  # seeded: reproducible
+    two = summarize([record(0, 0.1)])
+    assert two["train/samples_per_s_ci95_low"] is None and len(two["train/window_samples_per_s"]) == 1
+
+
 def test_per_rank_table_sorted():
     rows = per_rank_table([record(1, 0.2), record(0, 0.1)])
     assert [r["rank"] for r in rows] == [0, 1]

@@ -46,6 +46,12 @@ declare(
     Metric("train/input_bound", "bool", f"data wait above {INPUT_BOUND_PCT:g}% of step time"),
     Metric("train/rank_skew_pct", "%", "slowest rank's mean step over the fastest's, minus 1"),
     Metric("train/repeat_cv_pct", "%", "throughput CV over measure.repeats windows"),
+    Metric("train/window_samples_per_s", "samples/s", "each measured window's throughput (all "
+           "ranks), a list: what a comparison tests (compare.py)"),
+    Metric("train/samples_per_s_ci95_low", "samples/s", "95% confidence interval of the mean "
+           "window throughput, lower end (percentile bootstrap over the windows, seeded; three "
+           "windows or more)"),
+    Metric("train/samples_per_s_ci95_high", "samples/s", "the same interval's upper end"),
     Metric("train/warmup_windows", "count", "windows run before the last measure.repeats, "
            "which agreed only then (measure.max_repeats): counted as warmup"),
     Metric("train/measured_steps", "count", "measured steps per rank"),
@@ -135,6 +141,9 @@ def summarize(records: Records) -> dict[str, Any]:
         "train/data_wait_pct": 100.0 * float(wait_ms.sum() / step_ms.sum()),
         "train/rank_skew_pct": 100.0 * (max(rank_means) / min(rank_means) - 1.0),
         "train/repeat_cv_pct": cv_pct(repeats),
+        "train/window_samples_per_s": [float(x) for x in repeats],
+        **dict(zip(("train/samples_per_s_ci95_low", "train/samples_per_s_ci95_high"),
+                   ci95(repeats), strict=True)),
         "train/warmup_windows": first.warmup_windows,
         "train/measured_steps": int(len(first.compute_s)),
         "train/measured_s": float(max(sum(r.windows_s) for r in records)),
@@ -270,6 +279,18 @@ def _repeat_throughputs(records: list[RankRecord]) -> list[float]:
             / r.windows_s[i] for r in records)
         for i in range(n)
     ]
+
+
+def ci95(values: list[float]) -> tuple[float | None, float | None]:
+    """95% percentile-bootstrap interval of the mean of `values` (seeded: a row's interval is
+    reproducible); (None, None) below three values, where resampling has nothing to say."""
+    if len(values) < 3 or len(set(values)) < 2:
+        return (None, None) if len(values) < 3 else (float(values[0]), float(values[0]))
+    from scipy.stats import bootstrap
+
+    res = bootstrap((np.asarray(values),), np.mean, confidence_level=0.95, n_resamples=2000,
+                    method="percentile", random_state=np.random.default_rng(0))
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
 def cv_pct(values: list[float]) -> float | None:

@@ -1,0 +1,199 @@
+"""`python -m raybench.compare BASE NEW`: per configuration, is NEW faster, slower, unchanged,
+or can its windows not tell?
+
+Owns the decision between two rows of one configuration, made from their measured windows
+(`train/window_samples_per_s`): an exact two-sided Mann-Whitney U test (scipy) AND a practical
+threshold, the larger of a default (3%) and the run-to-run spread the configuration has shown
+where that is known. The ratio NEW/BASE of the windows' means comes with a 95% percentile
+bootstrap interval (seeded). Verdicts: `slower` / `faster` (significant and beyond the
+threshold), `unchanged` (the interval lies within the threshold, or the difference is
+significant but smaller than it), `inconclusive` (neither; with the windows per side that
+could decide). Exit 1 when any configuration is `slower`, 0 otherwise, 2 for bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from raybench import fingerprint
+
+THRESHOLD_PCT = 3.0  # below this a change is not worth a verdict, however certain
+ALPHA = 0.05
+WINDOWS = "train/window_samples_per_s"
+THROUGHPUT = "train/samples_per_s"
+VERDICTS = ("slower", "faster", "unchanged", "inconclusive")
+
+
+def windows_to_decide(alpha: float = ALPHA) -> int:
+    """The fewest windows per side with which an exact two-sided Mann-Whitney test can reach
+    `alpha` at all (complete separation gives p = 2 / C(2n, n)): 4 for 0.05."""
+    n = 1
+    while 2 / math.comb(2 * n, n) >= alpha:
+        n += 1
+    return n
+
+
+def decide(base: list[float], new: list[float], threshold_pct: float = THRESHOLD_PCT,
+           spread_pct: float | None = None) -> dict[str, Any]:
+    """The verdict on NEW against BASE from their windows' throughputs."""
+    from scipy.stats import bootstrap, mannwhitneyu
+
+    threshold = max(threshold_pct, spread_pct or 0.0)
+    rule = "run-to-run spread" if spread_pct and spread_pct > threshold_pct else "fixed"
+    b, n = np.asarray(base, float), np.asarray(new, float)
+    ratio = float(n.mean() / b.mean())
+    p = float(mannwhitneyu(n, b, alternative="two-sided", method="exact").pvalue)
+    low = high = None
+    if len(b) >= 3 and len(n) >= 3 and (np.ptp(b) > 0 or np.ptp(n) > 0):
+        ci = bootstrap((n, b), lambda x, y: np.mean(x) / np.mean(y), paired=False,
+                       vectorized=False, confidence_level=0.95, n_resamples=2000,
+                       method="percentile", random_state=np.random.default_rng(0))
+        low, high = float(ci.confidence_interval.low), float(ci.confidence_interval.high)
+    change = 100.0 * (ratio - 1.0)
+    within = low is not None and 1 - threshold / 100 <= low and high <= 1 + threshold / 100
+    if p < ALPHA and abs(change) > threshold:
+        verdict = "faster" if ratio > 1 else "slower"
+    elif within or p < ALPHA:
+        verdict = "unchanged"
+    else:
+        verdict = "inconclusive"
+    out = {"ratio": ratio, "ratio_ci95": [low, high], "change_pct": change, "p": p,
+           "threshold_pct": threshold, "threshold": rule, "verdict": verdict,
+           "windows": [len(b), len(n)]}
+    if verdict == "inconclusive" and min(len(b), len(n)) < windows_to_decide():
+        out["windows_needed"] = windows_to_decide()  # fewer cannot reach ALPHA at all
+    return out
+
+
+def load_run(path: str) -> pd.DataFrame:
+    """A run directory's benchmark rows that ran, one per configuration."""
+    run = Path(path)
+    table = run / "results.parquet"
+    if not table.is_file():
+        raise BadInput(f"{run} is not a run directory (no results.parquet). Fix: pass a "
+                       "directory written by python -m raybench.sweep, e.g. "
+                       "results/<sweep>/<run_id>")
+    df = pd.read_parquet(table)
+    if "stage" in df:
+        df = df[df["stage"] == "benchmark"]
+    return df[df["status"] == "ok"].drop_duplicates("trial_key", keep="last")
+
+
+class BadInput(Exception):
+    """What the user passed cannot be compared: the message says which and the fix."""
+
+
+def compare_runs(base: pd.DataFrame, new: pd.DataFrame, threshold_pct: float = THRESHOLD_PCT,
+                 across_systems: bool = False, names: tuple[str, str] = ("BASE", "NEW")
+                 ) -> list[dict[str, Any]]:
+    common = [k for k in new["trial_key"] if k in set(base["trial_key"])]
+    if not common:
+        raise BadInput(f"{names[0]} and {names[1]} have no configuration in common (no "
+                       "trial_key in both). Fix: compare two runs of the same sweep file and "
+                       "--set overrides")
+    b, n = base.set_index("trial_key"), new.set_index("trial_key")
+    fp = "system/fingerprint"
+    if not across_systems and fp in b and fp in n:
+        differ = [k for k in common if _given(b.at[k, fp]) and _given(n.at[k, fp])
+                  and b.at[k, fp] != n.at[k, fp]]
+        if differ:
+            raise BadInput(f"{names[0]} and {names[1]} ran on different systems "
+                           f"({b.at[differ[0], 'system/accelerator']} against "
+                           f"{n.at[differ[0], 'system/accelerator']}; system/fingerprint "
+                           "differs). Fix: add --across-systems to compare two systems on "
+                           "purpose")
+    out = []
+    for key in common:
+        rb, rn = b.loc[key].to_dict(), n.loc[key].to_dict()
+        wb, wn = _windows(rb), _windows(rn)
+        result = decide(wb, wn, threshold_pct) if wb and wn else {
+            "verdict": "inconclusive", "reason": "a row has no measured windows"}
+        out.append({"trial_key": key, "config": _config(rn, new), "base": rb.get(THROUGHPUT),
+                    "new": rn.get(THROUGHPUT), **result,
+                    "software_change": fingerprint.software_changes(rb, rn),
+                    "systems": [rb.get("system/accelerator"), rn.get("system/accelerator")]})
+    return out
+
+
+def _windows(row: dict[str, Any]) -> list[float]:
+    w = row.get(WINDOWS)
+    return [float(x) for x in w] if w is not None and len(w) else []
+
+
+def _given(v: Any) -> bool:
+    return v is not None and v == v
+
+
+def _config(row: dict[str, Any], run: pd.DataFrame) -> str:
+    """The grid's values for this row: the config columns that differ within its run."""
+    axes = [c for c in run.columns if "." in c and "/" not in c
+            and run[c].astype(str).nunique() > 1]
+    return " ".join(f"{c.split('.', 1)[1]}={row[c]}" for c in axes) or row.get(
+        "workload.name", "")
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    head = ["config", "base", "new", "ratio", "95% CI", "p", "verdict", "software change"]
+    lines = [" | ".join(head)]
+    for r in results:
+        ci = r.get("ratio_ci95") or [None, None]
+        lines.append(" | ".join([
+            r["config"] or r["trial_key"], _fmt(r["base"]), _fmt(r["new"]), _fmt(r.get("ratio"), 3),
+            f"{_fmt(ci[0], 3)}-{_fmt(ci[1], 3)}" if ci[0] is not None else "-",
+            _fmt(r.get("p"), 3), r["verdict"] + (f" (needs {r['windows_needed']} windows a side)"
+                                                 if r.get("windows_needed") else ""),
+            r.get("software_change") or "-"]))
+    return "\n".join(lines)
+
+
+def _fmt(v: Any, digits: int = 1) -> str:
+    return "-" if v is None or v != v else f"{v:.{digits}f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m raybench.compare", description=__doc__.split(
+        "\n")[0])
+    p.add_argument("base", help="run directory of the baseline")
+    p.add_argument("new", help="run directory to judge against it")
+    p.add_argument("--threshold-pct", type=float, default=THRESHOLD_PCT,
+                   help="smallest change that counts (default %(default)s)")
+    p.add_argument("--across-systems", action="store_true",
+                   help="compare runs of different systems (system/fingerprint) on purpose")
+    p.add_argument("--json", action="store_true", help="one JSON line instead of the table")
+    args = p.parse_args(argv)
+    try:
+        results = compare_runs(load_run(args.base), load_run(args.new), args.threshold_pct,
+                               args.across_systems, (args.base, args.new))
+    except BadInput as e:
+        print(f"raybench: {e}", file=sys.stderr)
+        return 2
+    slower = [r for r in results if r["verdict"] == "slower"]
+    if args.json:
+        print(json.dumps({"raybench_compare": {"base": args.base, "new": args.new,
+                                               "configurations": results,
+                                               "slower": len(slower)}}, default=_json))
+    else:
+        print(table(results))
+        counts = Counter(r["verdict"] for r in results)
+        print(f"{len(results)} configurations: "
+              + ", ".join(f"{v} {counts[v]}" for v in VERDICTS if counts[v]))
+    return 1 if slower else 0
+
+
+def _json(v: Any) -> Any:
+    if isinstance(v, np.generic):
+        return v.item()
+    return str(v)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
