@@ -93,8 +93,8 @@ class BadInput(Exception):
 
 
 def compare_runs(base: pd.DataFrame, new: pd.DataFrame, threshold_pct: float = THRESHOLD_PCT,
-                 across_systems: bool = False, names: tuple[str, str] = ("BASE", "NEW")
-                 ) -> list[dict[str, Any]]:
+                 across_systems: bool = False, names: tuple[str, str] = ("BASE", "NEW"),
+                 allow_quick: bool = False) -> list[dict[str, Any]]:
     common = [k for k in new["trial_key"] if k in set(base["trial_key"])]
     if not common:
         raise BadInput(f"{names[0]} and {names[1]} have no configuration in common (no "
@@ -111,13 +111,27 @@ def compare_runs(base: pd.DataFrame, new: pd.DataFrame, threshold_pct: float = T
                            f"{n.at[differ[0], 'system/accelerator']}; system/fingerprint "
                            "differs). Fix: add --across-systems to compare two systems on "
                            "purpose")
+    cat = "trial/category"
+    if not allow_quick and cat in b and cat in n:
+        mixed = [k for k in common if _given(b.at[k, cat]) and _given(n.at[k, cat])
+                 and b.at[k, cat] != n.at[k, cat]]
+        if mixed:
+            raise BadInput(f"{names[0]} and {names[1]} mix a quick row with a canonical one "
+                           f"({b.at[mixed[0], cat]} against {n.at[mixed[0], cat]}, "
+                           f"configuration {mixed[0]}): a quick row's few or unsettled windows "
+                           "are not a baseline for a canonical one, nor the other way. Fix: "
+                           "rerun the quick one with measure.repeats of 5 or more, or add "
+                           "--allow-quick")
     out = []
     for key in common:
         rb, rn = b.loc[key].to_dict(), n.loc[key].to_dict()
         wb, wn = _windows(rb), _windows(rn)
         result = decide(wb, wn, threshold_pct) if wb and wn else {
-            "verdict": "inconclusive", "reason": "a row has no measured windows"}
-        out.append({"trial_key": key, "config": _config(rn, new), "base": rb.get(THROUGHPUT),
+            "verdict": "inconclusive",
+            "reason": "a row has no train/window_samples_per_s: written before raybench kept "
+                      "them, or not a training row"}
+        out.append({"trial_key": key, "config": _config(rn, new), "category": rn.get(cat),
+                    "base": rb.get(THROUGHPUT),
                     "new": rn.get(THROUGHPUT), **result,
                     "software_change": fingerprint.software_changes(rb, rn),
                     "systems": [rb.get("system/accelerator"), rn.get("system/accelerator")]})
@@ -150,7 +164,8 @@ def table(results: list[dict[str, Any]]) -> str:
             r["config"] or r["trial_key"], _fmt(r["base"]), _fmt(r["new"]), _fmt(r.get("ratio"), 3),
             f"{_fmt(ci[0], 3)}-{_fmt(ci[1], 3)}" if ci[0] is not None else "-",
             _fmt(r.get("p"), 3), r["verdict"] + (f" (needs {r['windows_needed']} windows a side)"
-                                                 if r.get("windows_needed") else ""),
+                                                 if r.get("windows_needed") else "")
+            + (f" ({r['reason']})" if r.get("reason") else ""),
             r.get("software_change") or "-"]))
     return "\n".join(lines)
 
@@ -168,11 +183,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="smallest change that counts (default %(default)s)")
     p.add_argument("--across-systems", action="store_true",
                    help="compare runs of different systems (system/fingerprint) on purpose")
+    p.add_argument("--allow-quick", action="store_true",
+                   help="compare a quick row (trial/category) with a canonical one")
     p.add_argument("--json", action="store_true", help="one JSON line instead of the table")
     args = p.parse_args(argv)
     try:
         results = compare_runs(load_run(args.base), load_run(args.new), args.threshold_pct,
-                               args.across_systems, (args.base, args.new))
+                               args.across_systems, (args.base, args.new), args.allow_quick)
     except BadInput as e:
         print(f"raybench: {e}", file=sys.stderr)
         return 2

@@ -76,6 +76,13 @@ def test_windows_and_their_confidence_interval():
     mean = sum(m["train/window_samples_per_s"]) / 5
     assert 256 <= low < mean < high <= 355.6  # within the windows, around their mean
     assert summarize([r])["train/samples_per_s_ci95_low"] == low  # seeded: reproducible
+    assert m["trial/category"] == "quick"  # five windows, but 12% apart: not settled
+    r["windows_s"] = [1.0, 1.01, 0.99, 1.0, 1.02]
+    assert summarize([r])["trial/category"] == "canonical"
+    r["windows_s"] = [1.0, 1.01, 0.99, 1.0]
+    r["compute_s"] = [0.1] * 40
+    r["wait_s"] = [0.0] * 40
+    assert summarize([r])["trial/category"] == "quick"  # settled, but four windows
     two = summarize([record(0, 0.1)])
     assert two["train/samples_per_s_ci95_low"] is None and len(two["train/window_samples_per_s"]) == 1
 

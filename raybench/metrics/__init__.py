@@ -27,6 +27,10 @@ SLOW_RANK_PCT = 10.0  # a rank's own compute this far above the median rank's: a
 # With repeats, the headline is the mean over windows and its noise is the windows' spread; the
 # report's validity check (report/assess.py) and measure.max_repeats's extra windows judge it.
 REPEAT_CV_LIMIT_PCT = 5.0
+# A row meant for comparison: enough windows for an exact Mann-Whitney test against another
+# such row to reach p < 0.05 with a margin (4 is the least that can: compare.py), and windows
+# that agreed. Fewer, or windows that never settled: a quick row.
+CANONICAL_WINDOWS = 5
 
 declare(
     Metric("train/samples_per_s", "samples/s", "every rank's own rate over its measured "
@@ -52,6 +56,8 @@ declare(
            "window throughput, lower end (percentile bootstrap over the windows, seeded; three "
            "windows or more)"),
     Metric("train/samples_per_s_ci95_high", "samples/s", "the same interval's upper end"),
+    Metric("trial/category", "text", f"canonical: {CANONICAL_WINDOWS} windows or more that "
+           f"agree within {REPEAT_CV_LIMIT_PCT:g}% (comparable); quick: fewer, or unsettled"),
     Metric("train/warmup_windows", "count", "windows run before the last measure.repeats, "
            "which agreed only then (measure.max_repeats): counted as warmup"),
     Metric("train/measured_steps", "count", "measured steps per rank"),
@@ -142,6 +148,7 @@ def summarize(records: Records) -> dict[str, Any]:
         "train/rank_skew_pct": 100.0 * (max(rank_means) / min(rank_means) - 1.0),
         "train/repeat_cv_pct": cv_pct(repeats),
         "train/window_samples_per_s": [float(x) for x in repeats],
+        "trial/category": category(repeats),
         **dict(zip(("train/samples_per_s_ci95_low", "train/samples_per_s_ci95_high"),
                    ci95(repeats), strict=True)),
         "train/warmup_windows": first.warmup_windows,
@@ -279,6 +286,13 @@ def _repeat_throughputs(records: list[RankRecord]) -> list[float]:
             / r.windows_s[i] for r in records)
         for i in range(n)
     ]
+
+
+def category(windows: list[float]) -> str:
+    """canonical or quick (CANONICAL_WINDOWS)."""
+    cv = cv_pct(windows)
+    settled = cv is not None and cv <= REPEAT_CV_LIMIT_PCT
+    return "canonical" if len(windows) >= CANONICAL_WINDOWS and settled else "quick"
 
 
 def ci95(values: list[float]) -> tuple[float | None, float | None]:

@@ -27,7 +27,8 @@ from raybench.report.assess import (
     with_validity,
 )
 
-TABLE_COLUMNS = ["valid", "run_id", "stage", "trial_key", "status", "device", THROUGHPUT,
+TABLE_COLUMNS = ["valid", "trial/category", "run_id", "stage", "trial_key", "status", "device",
+                 THROUGHPUT,
                  "train/step_time_p50_ms", "train/step_time_p99_ms", "train/step_time_cv_pct",
                  "train/data_wait_pct", "mem/peak_allocated_mb", "host/rss_peak_mb",
                  "train/pixels_per_s", "preprocess/chips_per_s", "search/largest_batch",
@@ -56,8 +57,8 @@ def model(runs: list[dict[str, Any]], memory_budget_mb: float | None = None) -> 
     df = with_scaling(pd.concat([r["frame"] for r in runs], ignore_index=True))
     judged = with_validity(df)
     varied = varied_columns(df[df["stage"] == "benchmark"] if "stage" in df else df)
-    shown = [c for c in TABLE_COLUMNS[:5] if c in judged] + varied + \
-        [c for c in TABLE_COLUMNS[5:] if c in judged and judged[c].notna().any()]
+    shown = [c for c in TABLE_COLUMNS[:6] if c in judged] + varied + \
+        [c for c in TABLE_COLUMNS[6:] if c in judged and judged[c].notna().any()]
     sweeps = sorted(set(df["sweep"].astype(str))) if "sweep" in df else ["?"]
     header = []
     for r in runs:

@@ -26,6 +26,7 @@ th{background:#f3f3f3;cursor:pointer;position:sticky;top:0}
 .badge{padding:1px 6px;border-radius:8px;color:#fff;font-size:11px}
 .unit{display:block;font-weight:normal;color:#666;font-size:11px}
 .valid{background:#2e7d32}.invalid{background:#c62828}
+.canonical{background:#1565c0}.quick{background:#9e9e9e}
 .note{color:#8a6d00;font-size:11px}
 .rec{border:1px solid #ccc;border-radius:6px;padding:8px 12px;margin:8px 0;background:#fafafa}
 .chart{width:100%;height:460px;margin:16px 0}
@@ -124,6 +125,8 @@ def _table(columns: list[str], rows: list[dict[str, Any]],
                 note_html = f" <span class='note'>{note}</span>" if note else ""
                 cells.append(f"<td data-v='{int(bool(v))}' title='{why or note}'>"
                              f"<span class='badge {cls}'>{label}</span> {why}{note_html}</td>")
+            elif c == "trial/category" and v in ("canonical", "quick"):
+                cells.append(f"<td data-v='{e(v)}'><span class='badge {e(v)}'>{e(v)}</span></td>")
             else:
                 if isinstance(v, float):
                     shown = "" if v != v else f"{v:.4g}"
