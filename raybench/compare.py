@@ -74,6 +74,41 @@ def decide(base: list[float], new: list[float], threshold_pct: float = THRESHOLD
     return out
 
 
+EARLIER_RUNS = 5  # a row's baseline in the history: the windows of its last this many runs
+
+
+def judge_history(hist: pd.DataFrame, threshold_pct: float = THRESHOLD_PCT,
+                  run_id: str | None = None) -> pd.DataFrame:
+    """Each benchmark row (of `run_id` only, where given) judged against the earlier rows of
+    its configuration on the same system (`trial_key` and `system/fingerprint`): its windows
+    against the pooled windows of the last EARLIER_RUNS of them, the threshold widened to the
+    spread those runs showed (twice their throughput's CV, once there are three). One row per
+    judged row, with the verdict's fields; rows without an earlier run are left out."""
+    ok = hist[(hist["status"] == "ok") & hist[THROUGHPUT].notna()] if THROUGHPUT in hist \
+        else hist.iloc[0:0]
+    if "stage" in ok:
+        ok = ok[ok["stage"] == "benchmark"]
+    keys = [k for k in ("trial_key", "system/fingerprint") if k in ok]
+    out = []
+    for _, part in ok.sort_values("recorded_at", kind="stable").groupby(keys, dropna=False):
+        rows = part.to_dict("records")
+        for i in range(1, len(rows)):
+            row = rows[i]
+            if run_id is not None and row["run_id"] != run_id:
+                continue
+            earlier = rows[max(0, i - EARLIER_RUNS):i]
+            base = [w for r in earlier for w in _windows(r)]
+            new = _windows(row)
+            values = [float(r[THROUGHPUT]) for r in rows[:i]]
+            spread = (200.0 * float(np.std(values, ddof=1)) / float(np.mean(values))
+                      if len(values) >= 3 else None)
+            result = decide(base, new, threshold_pct, spread) if base and new else {
+                "verdict": "inconclusive", "reason": "no windows in these rows"}
+            out.append({**row, **result, "base": float(np.mean([r[THROUGHPUT] for r in earlier])),
+                        "software_change": fingerprint.software_changes(rows[i - 1], row)})
+    return pd.DataFrame(out)
+
+
 def load_run(path: str) -> pd.DataFrame:
     """A run directory's benchmark rows that ran, one per configuration."""
     run = Path(path)
@@ -163,10 +198,11 @@ def table(results: list[dict[str, Any]]) -> str:
         lines.append(" | ".join([
             r["config"] or r["trial_key"], _fmt(r["base"]), _fmt(r["new"]), _fmt(r.get("ratio"), 3),
             f"{_fmt(ci[0], 3)}-{_fmt(ci[1], 3)}" if ci[0] is not None else "-",
-            _fmt(r.get("p"), 3), r["verdict"] + (f" (needs {r['windows_needed']} windows a side)"
-                                                 if r.get("windows_needed") else "")
-            + (f" ({r['reason']})" if r.get("reason") else ""),
-            r.get("software_change") or "-"]))
+            _fmt(r.get("p"), 3), r["verdict"]
+            + (f" (needs {int(r['windows_needed'])} windows a side)"
+               if _given(r.get("windows_needed")) else "")
+            + (f" ({r['reason']})" if _given(r.get("reason")) else ""),
+            r.get("software_change") if _given(r.get("software_change")) else "-"]))
     return "\n".join(lines)
 
 
@@ -177,8 +213,11 @@ def _fmt(v: Any, digits: int = 1) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m raybench.compare", description=__doc__.split(
         "\n")[0])
-    p.add_argument("base", help="run directory of the baseline")
-    p.add_argument("new", help="run directory to judge against it")
+    p.add_argument("base", nargs="?", help="run directory of the baseline")
+    p.add_argument("new", nargs="?", help="run directory to judge against it")
+    p.add_argument("--history", nargs="?", const="results", metavar="RESULTS_ROOT",
+                   help="judge the latest run in the history under RESULTS_ROOT (default "
+                   "results) against the earlier runs of each configuration on its system")
     p.add_argument("--threshold-pct", type=float, default=THRESHOLD_PCT,
                    help="smallest change that counts (default %(default)s)")
     p.add_argument("--across-systems", action="store_true",
@@ -187,6 +226,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="compare a quick row (trial/category) with a canonical one")
     p.add_argument("--json", action="store_true", help="one JSON line instead of the table")
     args = p.parse_args(argv)
+    if args.history is not None:
+        return _main_history(args)
+    if not (args.base and args.new):
+        p.error("give BASE and NEW run directories, or --history [RESULTS_ROOT]")
     try:
         results = compare_runs(load_run(args.base), load_run(args.new), args.threshold_pct,
                                args.across_systems, (args.base, args.new), args.allow_quick)
@@ -203,6 +246,36 @@ def main(argv: list[str] | None = None) -> int:
         counts = Counter(r["verdict"] for r in results)
         print(f"{len(results)} configurations: "
               + ", ".join(f"{v} {counts[v]}" for v in VERDICTS if counts[v]))
+    return 1 if slower else 0
+
+
+def _main_history(args: argparse.Namespace) -> int:
+    from raybench import history
+
+    if not history.files(args.history):
+        print(history.no_history(args.history), file=sys.stderr)
+        return 2
+    hist = history.read(args.history)
+    latest = hist.sort_values("recorded_at")["run_id"].iloc[-1]
+    judged = judge_history(hist, args.threshold_pct, latest)
+    if judged.empty:
+        print(f"raybench: the latest run in {args.history} ({latest}) has no configuration "
+              "that ran before on the same system. Fix: run the same sweep again, or compare "
+              "two run directories", file=sys.stderr)
+        return 2
+    results = [{"trial_key": r["trial_key"], "config": r["trial_key"], "new": r[THROUGHPUT],
+                **{k: r.get(k) for k in ("base", "ratio", "ratio_ci95", "p", "verdict",
+                                         "threshold", "threshold_pct", "windows_needed",
+                                         "reason", "software_change")}}
+               for r in judged.to_dict("records")]
+    slower = [r for r in results if r["verdict"] == "slower"]
+    if args.json:
+        print(json.dumps({"raybench_compare": {"history": args.history, "run_id": latest,
+                                               "configurations": results,
+                                               "slower": len(slower)}}, default=_json))
+    else:
+        print(f"{latest} against its configurations' earlier runs in {args.history}")
+        print(table(results))
     return 1 if slower else 0
 
 

@@ -132,3 +132,17 @@ def test_real_runs_slower_is_slower_and_a_rerun_is_not(tmp_path):
     print(again.stdout)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "slower" not in again.stdout.splitlines()[1], again.stdout
+
+
+def test_history_mode_judges_the_latest_run(tmp_path, capsys):
+    from raybench.history import History
+    from raybench.results import ID_COLUMNS
+
+    for run, mean in (("r1", 100.0), ("r2", 101.0), ("r3", 85.0)):
+        History(tmp_path, code_version="v").append({
+            **dict.fromkeys(ID_COLUMNS), **row("a", windows(mean, 6)), "run_id": run})
+    assert compare.main(["--history", str(tmp_path), "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)["raybench_compare"]
+    assert out["run_id"] == "r3" and out["configurations"][0]["verdict"] == "slower"
+    assert compare.main(["--history", str(tmp_path / "none")]) == 2
+    assert "holds no history" in capsys.readouterr().err

@@ -21,7 +21,6 @@ from raybench.report.assess import (
     THROUGHPUT,
     rate_text,
     recommend,
-    regressions,
     varied_columns,
     with_scaling,
     with_validity,
@@ -146,26 +145,31 @@ def markdown(m: dict[str, Any]) -> str:
 
 
 HISTORY_COLUMNS = ["sweep", "run_id", "stage", "trial_key", "status", "recorded_at",
-                   "code_version", THROUGHPUT, "train/step_time_cv_pct", "system/accelerator",
+                   "code_version", THROUGHPUT, "train/window_samples_per_s",
+                   "train/step_time_cv_pct", "system/accelerator",
                    "system/fingerprint", *fingerprint.SOFTWARE]
 
 
-def write_history(root: Path, out: Path, threshold_pct: float = 5.0) -> Path:
-    """A metric over time per configuration from a results root's history, regressions
-    flagged."""
+def write_history(root: Path, out: Path, threshold_pct: float = 3.0) -> Path:
+    """A metric over time per configuration from a results root's history; every row judged
+    against its configuration's earlier runs on the same system (compare.judge_history), the
+    slower ones listed and marked."""
+    from raybench import compare
     from raybench import history as hist_store
 
-    # the page's columns only: a history is one file per run, and reading every column of a
-    # thousand runs takes seconds where these take a fraction (docs/performance.md)
+    # the page's columns only: reading every column of a thousand runs is what takes time
     hist = hist_store.read(root, columns_=HISTORY_COLUMNS)
     units = hist_store.units(root)
-    flagged = regressions(hist, threshold_pct)
+    judged = compare.judge_history(hist, threshold_pct)
+    flagged = judged[judged["verdict"] == "slower"] if not judged.empty else judged
     cols = ["sweep", "trial_key", "system/accelerator", "run_id", "recorded_at", "code_version",
-            THROUGHPUT, "drop_pct", "limit_pct", "software_change"]
+            THROUGHPUT, "ratio", "p", "threshold_pct", "threshold", "software_change"]
     runs = hist["run_id"].nunique() if "run_id" in hist else 0
-    m = {"title": "raybench history", "table_title": "Regressions beyond the measured noise",
-         "header": [f"{root}: {len(hist)} rows, {runs} runs; "
-                    f"threshold {threshold_pct:g}% or twice the run's step-time CV%"],
+    m = {"title": "raybench history", "table_title": "Slower than the earlier runs",
+         "header": [f"{root}: {len(hist)} rows, {runs} runs; each row's windows against its "
+                    f"configuration's last {compare.EARLIER_RUNS} runs on the same system: "
+                    f"exact Mann-Whitney p < {compare.ALPHA:g} and a drop beyond "
+                    f"{threshold_pct:g}% or the spread those runs showed"],
          "columns": cols if not flagged.empty else ["sweep"],
          "rows": flagged.reindex(columns=cols).to_dict("records") if not flagged.empty else [],
          "units": units}

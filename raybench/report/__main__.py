@@ -16,7 +16,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--index", metavar="RESULTS_ROOT", help="write RESULTS_ROOT/index.html")
     p.add_argument("--history", metavar="RESULTS_ROOT",
                    help="write a history page of the history under RESULTS_ROOT")
-    p.add_argument("--threshold-pct", type=float, default=5.0, help="regression threshold")
+    p.add_argument("--threshold-pct", type=float, default=3.0,
+                   help="the history page's smallest drop that counts (python -m "
+                   "raybench.compare's threshold)")
     p.add_argument("-o", "--output", help="HTML file (default RUN_DIR/report.html for one run)")
     p.add_argument("--memory-budget-mb", type=float, help="for the within-budget recommendation")
     args = p.parse_args(argv)

@@ -224,34 +224,3 @@ def trained_rows(df: pd.DataFrame) -> pd.DataFrame:
 
 def _num(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool) and v == v
-
-
-def regressions(hist: pd.DataFrame, threshold_pct: float = 5.0) -> pd.DataFrame:
-    """Rows of the history whose throughput fell below the median of the earlier runs of the
-    same configuration on the same hardware (`system/fingerprint`: rows of another machine
-    are never its baseline) by more than the threshold, widened to twice the measured CV%
-    where the run was noisier than that (noise is not a regression). A flagged row names the
-    software that changed since the run before it (`software_change`): the likely cause."""
-    from raybench import fingerprint
-
-    if THROUGHPUT not in hist:
-        return pd.DataFrame()
-    ok = hist[(hist["status"] == "ok") & hist[THROUGHPUT].notna()]
-    if "stage" in ok:
-        ok = ok[ok["stage"] == "benchmark"]
-    keys = ["trial_key", "system/fingerprint"] if "system/fingerprint" in ok else ["trial_key"]
-    flagged = []
-    # rows from before the fingerprint existed form a group of their own (dropna=False)
-    for _, part in ok.sort_values("recorded_at").groupby(keys, dropna=False):
-        values = part[THROUGHPUT].tolist()
-        for i in range(1, len(values)):
-            base = float(pd.Series(values[:i]).median())
-            cv = part["train/step_time_cv_pct"].iloc[i] if "train/step_time_cv_pct" in part else 0
-            limit = max(threshold_pct, 2 * float(cv) if cv == cv and cv is not None else 0.0)
-            drop = 100.0 * (base - values[i]) / base if base > 0 else 0.0
-            if drop > limit:
-                row = part.iloc[i].to_dict()
-                flagged.append({**row, "drop_pct": drop, "limit_pct": limit,
-                                "software_change": fingerprint.software_changes(
-                                    part.iloc[i - 1].to_dict(), row)})
-    return pd.DataFrame(flagged)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -162,44 +163,58 @@ def test_markdown_and_json_outputs(tmp_path):
     assert md.startswith("# s") and "| valid |" in md
 
 
-def history_frame(values, cvs=None):
-    cvs = cvs or [1.0] * len(values)
+def history_frame(values, n=6, cv_pct=0.5, seed=0):
+    """One configuration's runs, a day apart, each with `n` windows around its value."""
+    rng = np.random.default_rng(seed)
     return pd.DataFrame([
         {**row("k", 16, 1, v), "run_id": f"w{i}", "recorded_at": f"2026-11-{10 + i:02d}T00:00",
-         "train/step_time_cv_pct": cv, "code_version": "abc"}
-        for i, (v, cv) in enumerate(zip(values, cvs, strict=True))])
+         "train/window_samples_per_s": list(v * (1 + cv_pct / 100 * rng.standard_normal(n))),
+         "code_version": "abc"}
+        for i, v in enumerate(values)])
 
 
-def test_regressions_beyond_noise():
-    from raybench.report.assess import regressions
+def test_history_rows_judged_against_their_earlier_runs():
+    from raybench.compare import judge_history
 
-    flagged = regressions(history_frame([100.0, 101.0, 99.0, 90.0]))
-    assert list(flagged["run_id"]) == ["w3"]
-    assert flagged["drop_pct"].iloc[0] == pytest.approx(10.0)
-    assert regressions(history_frame([100.0, 97.0])).empty  # within 5%
-    # a noisy run (CV 8%) needs a drop beyond 16% to count
-    assert regressions(history_frame([100.0, 100.0, 88.0], cvs=[1, 1, 8])).empty
+    judged = judge_history(history_frame([100.0, 101.0, 99.0, 90.0]))
+    assert list(judged["run_id"]) == ["w1", "w2", "w3"]  # the first has nothing before it
+    assert list(judged["verdict"]) == ["unchanged", "unchanged", "slower"]
+    assert judged["p"].iloc[2] < 0.05 and judged["ratio"].iloc[2] == pytest.approx(0.9, abs=0.01)
+    # a configuration whose runs moved 100, 110, 95, 105 (CV 6.3%): twice that spread is the
+    # threshold, and a run at 92 (10% below their mean) is within it, though its windows
+    # differ significantly
+    noisy = judge_history(history_frame([100.0, 110.0, 95.0, 105.0, 92.0]))
+    last = noisy.iloc[-1]
+    assert last["threshold"] == "run-to-run spread"
+    assert last["threshold_pct"] == pytest.approx(12.6, abs=0.05)
+    assert last["verdict"] == "unchanged" and last["p"] < 0.05
+    # rows without windows (written before raybench kept them) decide nothing
+    bare = history_frame([100.0, 80.0]).assign(**{"train/window_samples_per_s": None})
+    assert list(judge_history(bare)["verdict"]) == ["inconclusive"]
 
 
-def test_regressions_compare_a_machine_only_with_itself_and_name_the_upgrade():
+def test_history_compares_a_machine_only_with_itself_and_names_the_upgrade():
     """An H100 history at 3,000 samples/s and an A100 row at 1,500 of the same configuration:
-    no regression (another machine is not a baseline); a real drop on the H100 after a torch
-    upgrade: flagged against the H100's own rows, the upgrade named."""
-    from raybench.report.assess import regressions
+    neither judged against the other; a real drop on the H100 after a torch upgrade: slower
+    against the H100's own runs, the upgrade named."""
+    from raybench.compare import judge_history
 
-    def on(gpu, values, torch_versions):
-        frame = history_frame(values)
+    def on(gpu, values, torch_versions, seed):
+        frame = history_frame(values, seed=seed)
         return frame.assign(**{"system/fingerprint": f"fp-{gpu}", "system/accelerator": gpu,
                                "system/torch": torch_versions})
 
-    h100 = on("H100", [3000.0, 3010.0, 2990.0], ["2.14.1"] * 3)
-    a100 = on("A100", [1500.0], ["2.14.1"]).assign(recorded_at="2026-11-20T00:00", run_id="a")
-    assert regressions(pd.concat([h100, a100], ignore_index=True)).empty
-    slower = on("H100", [2600.0], ["2.15.0"]).assign(recorded_at="2026-11-21T00:00",
-                                                     run_id="upgrade")
-    flagged = regressions(pd.concat([h100, a100, slower], ignore_index=True))
+    h100 = on("H100", [3000.0, 3010.0, 2990.0], ["2.14.1"] * 3, 1)
+    a100 = on("A100", [1500.0], ["2.14.1"], 2).assign(recorded_at="2026-11-20T00:00",
+                                                       run_id="a")
+    judged = judge_history(pd.concat([h100, a100], ignore_index=True))
+    assert "a" not in set(judged["run_id"]) and (judged["verdict"] != "slower").all()
+    slower = on("H100", [2600.0], ["2.15.0"], 3).assign(recorded_at="2026-11-21T00:00",
+                                                          run_id="upgrade")
+    judged = judge_history(pd.concat([h100, a100, slower], ignore_index=True))
+    flagged = judged[judged["verdict"] == "slower"]
     assert list(flagged["run_id"]) == ["upgrade"]
-    assert flagged["drop_pct"].iloc[0] == pytest.approx(13.33, abs=0.01)  # against 3,000
+    assert flagged["ratio"].iloc[0] == pytest.approx(2600 / 3000, abs=0.01)  # its own runs
     assert flagged["software_change"].iloc[0] == "torch 2.14.1 -> 2.15.0"
 
 
@@ -250,7 +265,7 @@ def test_index_and_history_pages(tmp_path):
     assert "data-v='400.0'" in index  # best samples/s of each run
     history_frame([100.0, 101.0, 80.0]).to_parquet(tmp_path / "history.parquet")
     hist = write_history(tmp_path, tmp_path / "history.html").read_text()  # read in place
-    assert "regression" in hist and "w2" in hist
+    assert "Slower than the earlier runs" in hist and "w2" in hist
 
 
 def test_accuracy_chart_only_with_accuracy():
