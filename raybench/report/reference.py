@@ -52,7 +52,7 @@ REFERENCES = [
 ]
 
 COLUMNS = ["gpu", "workload", "mode", "precision", "batch", "published_per_gpu",
-           "measured_per_gpu", "ratio", "trial_key", "source"]
+           "measured_per_gpu", "ratio", "trial_key", "source", "note"]
 
 
 def _per_gpu(row: dict[str, Any], mode: str) -> float | None:
@@ -65,9 +65,11 @@ def _per_gpu(row: dict[str, Any], mode: str) -> float | None:
     return float(v) if _num(v) else None
 
 
-def compare(judged: pd.DataFrame, references: list[Reference] = REFERENCES
-            ) -> list[dict[str, Any]]:
-    """Each reference with the best valid measured row that matches it (none: not shown)."""
+def compare(judged: pd.DataFrame, references: list[Reference] = REFERENCES,
+            allow_quick: bool = False) -> list[dict[str, Any]]:
+    """Each reference with the best valid measured row that matches it (none: not shown). A
+    published figure is a canonical measurement: a quick row (trial/category) is shown beside
+    it without a ratio unless `allow_quick`."""
     if judged.empty or "device" not in judged:
         return []
     rows = [r for r in judged.to_dict("records") if r.get("valid", True) is not False]
@@ -88,12 +90,15 @@ def compare(judged: pd.DataFrame, references: list[Reference] = REFERENCES
                 best, best_v = r, v
         if best is None:
             continue
+        quick = best.get("trial/category") == "quick" and not allow_quick
         out.append({
             "gpu": ref.gpu, "workload": ", ".join(f"{k.split('.', 1)[1]}={v}"
                                                   for k, v in ref.workload.items()),
             "mode": ref.mode, "precision": ref.precision, "batch": ref.batch,
             "published_per_gpu": ref.samples_per_s, "measured_per_gpu": round(best_v, 1),
-            "ratio": round(best_v / ref.samples_per_s, 3), "trial_key": best.get("trial_key"),
-            "source": ref.source,
+            "ratio": None if quick else round(best_v / ref.samples_per_s, 3),
+            "trial_key": best.get("trial_key"), "source": ref.source,
+            "note": "a quick row (fewer than 5 windows, or unsettled): no ratio against a "
+                    "published figure; rerun with measure.repeats of 5 or more" if quick else "",
         })
     return out

@@ -375,6 +375,12 @@ def test_published_reference_figures_beside_the_best_valid_matching_row():
     t4 = got[("T4", "inference", "fp32")]
     assert t4["trial_key"] == "f" and t4["measured_per_gpu"] == 400.0 and t4["batch"] == 64
     assert "DeepLearningExamples" in t4["source"]
+    # a quick row is shown beside a published figure, but not as a ratio unless asked
+    quick = judged.assign(**{"trial/category": "quick"})
+    q = {(r["gpu"], r["mode"]): r for r in reference.compare(quick)}[("A100", "train")]
+    assert q["ratio"] is None and "quick row" in q["note"] and q["measured_per_gpu"] == 2223.0
+    assert {(r["gpu"], r["mode"]): r for r in reference.compare(quick, allow_quick=True)}[
+        ("A100", "train")]["ratio"] == a100["ratio"]
     m = {"title": "t", "header": [], "columns": ["trial_key"], "rows": [],
          "references": reference.compare(judged)}
     assert "Published reference figures" in page.render(m, [])
