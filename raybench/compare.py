@@ -206,6 +206,43 @@ def table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+PAGE_COLUMNS = ["config", "trial_key", "base", "new", "ratio", "ci95_low", "ci95_high", "p",
+                "threshold_pct", "threshold", "verdict", "windows_needed", "software_change"]
+
+
+def page(results: list[dict[str, Any]], title: str, header: list[str]) -> str:
+    """The comparison as a self-contained page in the report's style: the table, and each
+    configuration's ratio with its 95% interval against the threshold band."""
+    import plotly.graph_objects as go
+
+    from raybench.report import page as report_page
+
+    rows = [{**r, "ci95_low": (r.get("ratio_ci95") or [None, None])[0],
+             "ci95_high": (r.get("ratio_ci95") or [None, None])[1]} for r in results]
+    figs = []
+    drawn = [r for r in rows if _given(r.get("ratio"))]
+    if drawn:
+        names = [str(r["config"] or r["trial_key"]) for r in drawn]
+        ratio = [r["ratio"] for r in drawn]
+        up = [(r["ci95_high"] - r["ratio"]) if _given(r["ci95_high"]) else 0 for r in drawn]
+        down = [(r["ratio"] - r["ci95_low"]) if _given(r["ci95_low"]) else 0 for r in drawn]
+        colour = {"slower": "#c62828", "faster": "#2e7d32", "unchanged": "#1565c0",
+                  "inconclusive": "#9e9e9e"}
+        fig = go.Figure(go.Scatter(
+            x=ratio, y=names, mode="markers", text=[r["verdict"] for r in drawn],
+            marker={"size": 11, "color": [colour[r["verdict"]] for r in drawn]},
+            error_x={"type": "data", "symmetric": False, "array": up, "arrayminus": down}))
+        t = max(float(r["threshold_pct"]) for r in drawn) / 100
+        fig.add_vrect(x0=1 - t, x1=1 + t, fillcolor="#1565c0", opacity=0.08, line_width=0)
+        fig.add_vline(x=1.0, line_dash="dot")
+        fig.update_layout(title="NEW / BASE throughput, 95% interval; band: the threshold",
+                          xaxis_title="ratio", height=max(300, 60 + 40 * len(drawn)))
+        figs.append(("ratios", fig))
+    model = {"title": title, "header": header, "table_title": "Configurations",
+             "columns": PAGE_COLUMNS, "rows": rows}
+    return report_page.render(model, figs)
+
+
 def _fmt(v: Any, digits: int = 1) -> str:
     return "-" if v is None or v != v else f"{v:.{digits}f}"
 
@@ -225,6 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--allow-quick", action="store_true",
                    help="compare a quick row (trial/category) with a canonical one")
     p.add_argument("--json", action="store_true", help="one JSON line instead of the table")
+    p.add_argument("--html", metavar="FILE", help="also write the comparison as a page")
     args = p.parse_args(argv)
     if args.history is not None:
         return _main_history(args)
@@ -237,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"raybench: {e}", file=sys.stderr)
         return 2
     slower = [r for r in results if r["verdict"] == "slower"]
+    _write_page(args.html, results, f"{args.new} against {args.base}")
     if args.json:
         print(json.dumps({"raybench_compare": {"base": args.base, "new": args.new,
                                                "configurations": results,
@@ -269,6 +308,7 @@ def _main_history(args: argparse.Namespace) -> int:
                                          "reason", "software_change")}}
                for r in judged.to_dict("records")]
     slower = [r for r in results if r["verdict"] == "slower"]
+    _write_page(args.html, results, f"{latest} against its earlier runs in {args.history}")
     if args.json:
         print(json.dumps({"raybench_compare": {"history": args.history, "run_id": latest,
                                                "configurations": results,
@@ -277,6 +317,18 @@ def _main_history(args: argparse.Namespace) -> int:
         print(f"{latest} against its configurations' earlier runs in {args.history}")
         print(table(results))
     return 1 if slower else 0
+
+
+def _write_page(path: str | None, results: list[dict[str, Any]], what: str) -> None:
+    if not path:
+        return
+    out = Path(path)
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(page(results, "raybench comparison", [
+        what, f"exact two-sided Mann-Whitney U over the windows, p < {ALPHA:g}, and a change "
+        "beyond the threshold: slower / faster; the ratio's 95% interval within it: "
+        "unchanged; else inconclusive"]), encoding="utf-8")
+    tmp.replace(out)
 
 
 def _json(v: Any) -> Any:

@@ -57,7 +57,10 @@ def row(key: str, w: list[float], gpu: str = "cpu", **kw) -> dict:
 def test_exit_codes_and_bad_input(tmp_path, capsys):
     base = run_dir(tmp_path, "base", [row("a", windows(100, 6)), row("b", windows(50, 6))])
     slow = run_dir(tmp_path, "slow", [row("a", windows(80, 6)), row("b", windows(50, 6))])
-    assert compare.main([str(base), str(slow), "--json"]) == 1
+    page = tmp_path / "compare.html"
+    assert compare.main([str(base), str(slow), "--json", "--html", str(page)]) == 1
+    html = page.read_text()
+    assert html.startswith("<!DOCTYPE html>") and "slower" in html and "fig-0-ratios" in html
     out = json.loads(capsys.readouterr().out)["raybench_compare"]
     assert [c["verdict"] for c in out["configurations"]][0] == "slower" and out["slower"] == 1
     assert compare.main([str(base), str(base)]) == 0

@@ -51,3 +51,20 @@ def test_report_renders_in_chromium(tmp_path):
     shot = tmp_path / "report.png"
     done = run_chromium(tmp_path, "--window-size=1400,2400", f"--screenshot={shot}", url)
     assert done.returncode == 0 and shot.stat().st_size > 50_000
+
+
+def test_compare_page_renders_in_chromium(tmp_path):
+    from raybench import compare
+
+    results = [{"trial_key": "a", "config": "batch_size=8", "base": 100.0, "new": 80.0,
+                **compare.decide([100.0, 101.0, 99.0, 100.5, 99.5], [80.0, 81.0, 79.0, 80.5])},
+               {"trial_key": "b", "config": "batch_size=16", "base": 50.0, "new": 50.2,
+                **compare.decide([50.0, 50.1, 49.9, 50.0], [50.2, 50.1, 50.3, 50.2])}]
+    page = tmp_path / "compare.html"
+    page.write_text(compare.page(results, "raybench comparison", ["a against b"]))
+    dom = run_chromium(tmp_path, "--enable-logging=stderr", "--v=0", "--dump-dom", page.as_uri())
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert [line for line in dom.stderr.splitlines()
+            if "CONSOLE" in line and ("Uncaught" in line or "Error" in line)] == []
+    block = dom.stdout.split('id="fig-0-ratios"', 1)[1][:5000]
+    assert "main-svg" in block and "slower" in dom.stdout
