@@ -99,14 +99,29 @@ def judge_history(hist: pd.DataFrame, threshold_pct: float = THRESHOLD_PCT,
             earlier = rows[max(0, i - EARLIER_RUNS):i]
             base = [w for r in earlier for w in _windows(r)]
             new = _windows(row)
-            values = [float(r[THROUGHPUT]) for r in rows[:i]]
-            spread = (200.0 * float(np.std(values, ddof=1)) / float(np.mean(values))
-                      if len(values) >= 3 else None)
+            spread = run_spread(pd.DataFrame(rows[:i]), row)
             result = decide(base, new, threshold_pct, spread) if base and new else {
                 "verdict": "inconclusive", "reason": "no windows in these rows"}
             out.append({**row, **result, "base": float(np.mean([r[THROUGHPUT] for r in earlier])),
                         "software_change": fingerprint.software_changes(rows[i - 1], row)})
     return pd.DataFrame(out)
+
+
+def run_spread(history: pd.DataFrame | None, row: dict[str, Any],
+               exclude: set[Any] = frozenset()) -> float | None:
+    """Twice the throughput CV% over the history's runs of this row's configuration on its
+    system (other than `exclude`'s runs), once there are three; else None."""
+    if history is None or history.empty or THROUGHPUT not in history:
+        return None
+    same = history[(history["trial_key"] == row.get("trial_key"))
+                   & (history["status"] == "ok") & ~history["run_id"].isin(exclude)]
+    fp = row.get("system/fingerprint")
+    if "system/fingerprint" in same and _given(fp):
+        same = same[same["system/fingerprint"] == fp]
+    values = same[THROUGHPUT].dropna().astype(float)
+    if len(values) < 3:
+        return None
+    return 200.0 * float(values.std(ddof=1)) / float(values.mean())
 
 
 def load_run(path: str) -> pd.DataFrame:
@@ -129,7 +144,10 @@ class BadInput(Exception):
 
 def compare_runs(base: pd.DataFrame, new: pd.DataFrame, threshold_pct: float = THRESHOLD_PCT,
                  across_systems: bool = False, names: tuple[str, str] = ("BASE", "NEW"),
-                 allow_quick: bool = False) -> list[dict[str, Any]]:
+                 allow_quick: bool = False, history: pd.DataFrame | None = None
+                 ) -> list[dict[str, Any]]:
+    """NEW's rows against BASE's, configuration by configuration. `history`: rows of earlier
+    runs, whose run-to-run spread per configuration and system widens the threshold."""
     common = [k for k in new["trial_key"] if k in set(base["trial_key"])]
     if not common:
         raise BadInput(f"{names[0]} and {names[1]} have no configuration in common (no "
@@ -159,9 +177,11 @@ def compare_runs(base: pd.DataFrame, new: pd.DataFrame, threshold_pct: float = T
                            "--allow-quick")
     out = []
     for key in common:
-        rb, rn = b.loc[key].to_dict(), n.loc[key].to_dict()
+        rb, rn = {**b.loc[key].to_dict(), "trial_key": key}, {**n.loc[key].to_dict(),
+                                                              "trial_key": key}
         wb, wn = _windows(rb), _windows(rn)
-        result = decide(wb, wn, threshold_pct) if wb and wn else {
+        spread = run_spread(history, rn, exclude={rb.get("run_id"), rn.get("run_id")})
+        result = decide(wb, wn, threshold_pct, spread) if wb and wn else {
             "verdict": "inconclusive",
             "reason": "a row has no train/window_samples_per_s: written before raybench kept "
                       "them, or not a training row"}
@@ -270,7 +290,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("give BASE and NEW run directories, or --history [RESULTS_ROOT]")
     try:
         results = compare_runs(load_run(args.base), load_run(args.new), args.threshold_pct,
-                               args.across_systems, (args.base, args.new), args.allow_quick)
+                               args.across_systems, (args.base, args.new), args.allow_quick,
+                               _history_beside(Path(args.new)))
     except BadInput as e:
         print(f"raybench: {e}", file=sys.stderr)
         return 2
@@ -317,6 +338,18 @@ def _main_history(args: argparse.Namespace) -> int:
         print(f"{latest} against its configurations' earlier runs in {args.history}")
         print(table(results))
     return 1 if slower else 0
+
+
+def _history_beside(run: Path) -> pd.DataFrame | None:
+    """The history of the results root a run directory sits in (results/<sweep>/<run>, or
+    beside an explicit --output), for the configurations' run-to-run spread."""
+    from raybench import history
+
+    for root in (run.parent.parent, run.parent):
+        if history.files(root):
+            return history.read(root, columns_=["trial_key", "run_id", "status", THROUGHPUT,
+                                                "system/fingerprint"])
+    return None
 
 
 def _write_page(path: str | None, results: list[dict[str, Any]], what: str) -> None:

@@ -149,3 +149,18 @@ def test_history_mode_judges_the_latest_run(tmp_path, capsys):
     assert out["run_id"] == "r3" and out["configurations"][0]["verdict"] == "slower"
     assert compare.main(["--history", str(tmp_path / "none")]) == 2
     assert "holds no history" in capsys.readouterr().err
+
+
+def test_a_configuration_that_moves_between_runs_widens_the_threshold(tmp_path):
+    """Runs of `a` at 100, 120 and 90 on this system before (twice their CV: 29.6%): a new run
+    15% below the base is within that, though all its windows are below the base's."""
+    hist = pd.DataFrame([{"trial_key": "a", "run_id": f"old{i}", "status": "ok",
+                          "train/samples_per_s": v, "system/fingerprint": "fp-cpu"}
+                         for i, v in enumerate((100.0, 120.0, 90.0))])
+    base = pd.DataFrame([row("a", windows(100, 6), run_id="base")])
+    new = pd.DataFrame([row("a", windows(85, 6), run_id="new")])
+    alone = compare.compare_runs(base, new)[0]
+    assert alone["verdict"] == "slower" and alone["threshold"] == "fixed"
+    judged = compare.compare_runs(base, new, history=hist)[0]
+    assert judged["threshold"] == "run-to-run spread" and judged["verdict"] == "unchanged"
+    assert judged["threshold_pct"] == pytest.approx(29.6, abs=0.1) and judged["p"] < 0.05
