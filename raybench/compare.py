@@ -9,6 +9,9 @@ bootstrap interval (seeded). Verdicts: `slower` / `faster` (significant and beyo
 threshold), `unchanged` (the interval lies within the threshold, or the difference is
 significant but smaller than it), `inconclusive` (neither; with the windows per side that
 could decide). Exit 1 when any configuration is `slower`, 0 otherwise, 2 for bad input.
+`--history` judges the latest run of a results root against each configuration's earlier runs
+on the same system (`judge_history`, which the report's history page uses too); `--html`
+writes the comparison as a page in the report's style.
 """
 
 from __future__ import annotations
