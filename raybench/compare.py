@@ -266,6 +266,35 @@ def page(results: list[dict[str, Any]], title: str, header: list[str]) -> str:
     return report_page.render(model, figs)
 
 
+def write_history(root: Path, out: Path, threshold_pct: float = THRESHOLD_PCT) -> Path:
+    """A metric over time per configuration from a results root's history; every row judged
+    against its configuration's earlier runs on the same system (compare.judge_history), the
+    slower ones listed and marked."""
+    from raybench import history as hist_store
+    from raybench.report import figures
+    from raybench.report import page as report_page
+
+    # the page's columns only: reading every column of a thousand runs is what takes time
+    hist = hist_store.read(root, columns_=hist_store.PAGE_COLUMNS)
+    units = hist_store.units(root)
+    judged = judge_history(hist, threshold_pct)
+    flagged = judged[judged["verdict"] == "slower"] if not judged.empty else judged
+    cols = ["sweep", "trial_key", "system/accelerator", "run_id", "recorded_at", "code_version",
+            THROUGHPUT, "ratio", "p", "threshold_pct", "threshold", "software_change"]
+    runs = hist["run_id"].nunique() if "run_id" in hist else 0
+    m = {"title": "raybench history", "table_title": "Slower than the earlier runs",
+         "header": [f"{root}: {len(hist)} rows, {runs} runs; each row's windows against its "
+                    f"configuration's last {EARLIER_RUNS} runs on the same system: "
+                    f"exact Mann-Whitney p < {ALPHA:g} and a drop beyond "
+                    f"{threshold_pct:g}% or the spread those runs showed"],
+         "columns": cols if not flagged.empty else ["sweep"],
+         "rows": flagged.reindex(columns=cols).to_dict("records") if not flagged.empty else [],
+         "units": units}
+    fig = figures.history(hist, flagged, unit=units.get(THROUGHPUT, {}).get("unit"))
+    out.write_text(report_page.render(m, [("history", fig)] if fig else []), encoding="utf-8")
+    return out
+
+
 def _fmt(v: Any, digits: int = 1) -> str:
     return "-" if v is None or v != v else f"{v:.{digits}f}"
 

@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from raybench import columns, store
+from raybench import columns, fingerprint, store
 from raybench.records import now
 
 DIRECTORY = "history"
@@ -40,26 +40,25 @@ SEGMENT = "segment-"  # a file folded from run files by compact()
 SEGMENT_FILES = 64  # run files folded into one segment: a compaction reads at most this many
 ACTIVE_S = 86_400  # a run file written within a day may still be appended to: not folded
 SOURCES_KEY = b"raybench.history.sources"
+# what the history page and `compare --history` read: reading every column of a thousand runs
+# is what takes time (docs/performance.md)
+PAGE_COLUMNS = ["sweep", "run_id", "stage", "trial_key", "status", "recorded_at", "code_version",
+                "train/samples_per_s", "train/window_samples_per_s", "train/step_time_cv_pct",
+                "system/accelerator", "system/fingerprint", *fingerprint.SOFTWARE]
 
 
 class History:
     """Appends this process's rows to its own file under `<root>/history/`; `compact` once
     the run is over."""
 
-    def __init__(self, root: str | Path, code_version: str | None = None):
+    def __init__(self, root: str | Path, code_version: str):
         self.root = str(root)
         self.dir = store.join(self.root, DIRECTORY)
-        if code_version is None:
-            from raybench.results import code_version as version
-
-            code_version = version()
-        self.version = code_version
+        self.version = code_version  # results.code_version(): the caller's, as this imports none
         self.rows: list[dict[str, Any]] = []
         self.file: str | None = None  # named at the first append, after the run's id
 
     def append(self, row: dict[str, Any]) -> None:
-        from raybench.results import to_frame
-
         entry = {**row, "recorded_at": now(), "code_version": self.version}
         if self.file is not None and not store.is_file(self.file):
             # a compaction folded this file into a segment (this writer was idle for a day):
@@ -71,7 +70,7 @@ class History:
             _remove_stale_temporaries(self.dir)
             run = str(row.get("run_id") or "run").replace("/", "_")
             self.file = store.join(self.dir, f"{run}.{uuid.uuid4().hex[:12]}.parquet")
-        store.write_bytes(self.file, _parquet(pa.Table.from_pandas(to_frame(self.rows),
+        store.write_bytes(self.file, _parquet(pa.Table.from_pandas(pd.DataFrame(self.rows),
                                                                  preserve_index=False)))
 
 
@@ -248,8 +247,6 @@ def benchmark(row: dict[str, Any], root: Path, rows: int = 100_000, runs: int = 
     import os
     import statistics
 
-    from raybench.results import to_frame
-
     configs = max(1, rows // runs)  # each earlier run: one row per configuration
 
     def one_run(run_id: str) -> list[float]:
@@ -269,7 +266,7 @@ def benchmark(row: dict[str, Any], root: Path, rows: int = 100_000, runs: int = 
     past = time.time() - 2 * ACTIVE_S
     fold_s, t0 = 0.0, time.perf_counter()
     for r in range(runs):
-        frame = to_frame([{**row, "run_id": f"past{r:05d}", "trial_index": i,
+        frame = pd.DataFrame([{**row, "run_id": f"past{r:05d}", "trial_index": i,
                            "trial_key": f"cfg{i}", "recorded_at": f"2026-01-01T00:{r:05d}",
                            "code_version": "bench"} for i in range(configs)])
         path = Path(root, DIRECTORY, f"past{r:05d}.bench.parquet")
@@ -281,7 +278,6 @@ def benchmark(row: dict[str, Any], root: Path, rows: int = 100_000, runs: int = 
     fill_s = time.perf_counter() - t0
     layout = [Path(p).name for p in files(root)]
     full = [c for r in range(repeats) for c in one_run(f"full{r}")]
-    from raybench.report import HISTORY_COLUMNS
 
     def reads(columns_: list[str] | None) -> tuple[list[float], int]:
         out, found = [], 0
@@ -291,7 +287,7 @@ def benchmark(row: dict[str, Any], root: Path, rows: int = 100_000, runs: int = 
             out.append(1e3 * (time.perf_counter() - t0))
         return out, found
 
-    page, found = reads(HISTORY_COLUMNS)
+    page, found = reads(PAGE_COLUMNS)
     whole, _ = reads(None)
     return {
         "row_columns": len(row), "existing_rows": runs * configs, "existing_runs": runs,

@@ -216,10 +216,12 @@ class RowWriter:
             sink(row, trial_file)
 
     def _write(self, trial: TrialSpec, outcome: TrialOutcome) -> tuple[dict[str, Any], Path]:
+        from raybench.metrics import with_interval
+
         stamp = now()
         row = make_row(
             sweep=self.spec.name, run_id=self.run_id, system=self.spec.system.label, trial=trial,
-            status=outcome.status, error=outcome.error, metrics=outcome.metrics,
+            status=outcome.status, error=outcome.error, metrics=with_interval(outcome.metrics),
             start=outcome.start_time or stamp, end=outcome.end_time or stamp,
         )
         trial_file = self.table.write_trial(trial, {

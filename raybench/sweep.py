@@ -28,6 +28,7 @@ from raybench.records import TrialOutcome
 from raybench.results import (
     ResultsTable,
     RowWriter,
+    code_version,
     history_root,
     now,
     publish,
@@ -109,7 +110,7 @@ def _run(args: argparse.Namespace, t0: float, started: bool) -> int:
     out = cli.output_dir(spec, args.output, args.resume)
     if out is None:
         return cli.EXIT_INVALID
-    history = History(history_root(spec, args.output))
+    history = History(history_root(spec, args.output), code_version())
     try:
         runner = runners.make(args.runner, spec, out, args.address, started)
         summary = run_sweep(spec, trials, out, runner, history, args.jsonl, t0)

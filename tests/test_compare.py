@@ -94,27 +94,29 @@ measure: {warmup_steps: 2, measure_steps: 6, repeats: 6}
 
 
 def sweep(tmp_path: Path, name: str, busy: bool) -> Path:
-    """A real in-process run on core 0; `busy`: a busy loop pinned to the same core, which
-    takes about half of it."""
+    """A real run in this process (the local runner), pinned to core 0; `busy`: a busy loop
+    pinned to the same core, which takes about half of it."""
+    from raybench.bench import main as bench_main
+
     path = tmp_path / "sweep.yaml"
     path.write_text(SWEEP)
     out = tmp_path / name
-    loop = subprocess.Popen(["taskset", "-c", "0", sys.executable, "-c", "while True: pass"]
-                            ) if busy else None
+    cores = os.sched_getaffinity(0)
+    loop = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
     try:
-        proc = subprocess.run(["taskset", "-c", "0", sys.executable, "-m", "raybench.sweep",
-                               str(path), "--runner", "local", "--output", str(out)], cwd=ROOT,
-                              capture_output=True, text=True, timeout=300,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        if loop:
+            os.sched_setaffinity(loop.pid, {0})
+        os.sched_setaffinity(0, {0})
+        assert bench_main(["run", str(path), "--output", str(out)]) == 0
     finally:
+        os.sched_setaffinity(0, cores)
         if loop:
             loop.kill()
             loop.wait()
-    assert proc.returncode == 0, proc.stderr[-2000:]
     return out
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="taskset pins the runs to one core")
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="pins the runs to one core")
 def test_real_runs_slower_is_slower_and_a_rerun_is_not(tmp_path):
     base = sweep(tmp_path, "base", busy=False)
     rerun = sweep(tmp_path, "rerun", busy=False)

@@ -12,7 +12,7 @@ from raybench import history as history_store
 from raybench.grid import expand
 from raybench.history import History
 from raybench.records import TrialOutcome
-from raybench.results import ResultsTable, RowWriter
+from raybench.results import ResultsTable, RowWriter, code_version
 from raybench.spec import load_sweep
 
 
@@ -23,7 +23,7 @@ def outcome(thr: float) -> TrialOutcome:
 def test_rows_and_history_across_runs(write_sweep, tmp_path):
     spec = load_sweep(write_sweep())
     trials = expand(spec)
-    history = History(tmp_path)
+    history = History(tmp_path, code_version())
     for run_id, thr in (("week1", 100.0), ("week2", 90.0)):
         out = tmp_path / run_id
         out.mkdir()

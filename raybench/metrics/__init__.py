@@ -148,9 +148,7 @@ def summarize(records: Records) -> dict[str, Any]:
         "train/rank_skew_pct": 100.0 * (max(rank_means) / min(rank_means) - 1.0),
         "train/repeat_cv_pct": cv_pct(repeats),
         "train/window_samples_per_s": [float(x) for x in repeats],
-        "trial/category": category(repeats),
-        **dict(zip(("train/samples_per_s_ci95_low", "train/samples_per_s_ci95_high"),
-                   ci95(repeats), strict=True)),
+        "trial/category": category(repeats),  # the interval: with_interval, in the driver
         "train/warmup_windows": first.warmup_windows,
         "train/measured_steps": int(len(first.compute_s)),
         "train/measured_s": float(max(sum(r.windows_s) for r in records)),
@@ -293,6 +291,18 @@ def category(windows: list[float]) -> str:
     cv = cv_pct(windows)
     settled = cv is not None and cv <= REPEAT_CV_LIMIT_PCT
     return "canonical" if len(windows) >= CANONICAL_WINDOWS and settled else "quick"
+
+
+def with_interval(metrics: dict[str, Any]) -> dict[str, Any]:
+    """`metrics` with the 95% interval of the mean window throughput, where it has windows.
+    Computed where the row is made (the driver, once scipy is loaded there), not in the
+    ranks: scipy.stats takes a second to import in every fresh rank process."""
+    windows = metrics.get("train/window_samples_per_s")
+    if windows is None or "train/samples_per_s_ci95_low" in metrics:
+        return metrics
+    low, high = ci95([float(w) for w in windows])
+    return {**metrics, "train/samples_per_s_ci95_low": low,
+            "train/samples_per_s_ci95_high": high}
 
 
 def ci95(values: list[float]) -> tuple[float | None, float | None]:

@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 import pyarrow.parquet as pq
 
-from raybench import columns, fingerprint
+from raybench import columns
 from raybench.report import figures, page, reference
 from raybench.report.assess import (
     THROUGHPUT,
@@ -142,40 +142,6 @@ def markdown(m: dict[str, Any]) -> str:
                  (r.get(c) for c in m["columns"])]
         lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
     return "\n".join(lines) + "\n"
-
-
-HISTORY_COLUMNS = ["sweep", "run_id", "stage", "trial_key", "status", "recorded_at",
-                   "code_version", THROUGHPUT, "train/window_samples_per_s",
-                   "train/step_time_cv_pct", "system/accelerator",
-                   "system/fingerprint", *fingerprint.SOFTWARE]
-
-
-def write_history(root: Path, out: Path, threshold_pct: float = 3.0) -> Path:
-    """A metric over time per configuration from a results root's history; every row judged
-    against its configuration's earlier runs on the same system (compare.judge_history), the
-    slower ones listed and marked."""
-    from raybench import compare
-    from raybench import history as hist_store
-
-    # the page's columns only: reading every column of a thousand runs is what takes time
-    hist = hist_store.read(root, columns_=HISTORY_COLUMNS)
-    units = hist_store.units(root)
-    judged = compare.judge_history(hist, threshold_pct)
-    flagged = judged[judged["verdict"] == "slower"] if not judged.empty else judged
-    cols = ["sweep", "trial_key", "system/accelerator", "run_id", "recorded_at", "code_version",
-            THROUGHPUT, "ratio", "p", "threshold_pct", "threshold", "software_change"]
-    runs = hist["run_id"].nunique() if "run_id" in hist else 0
-    m = {"title": "raybench history", "table_title": "Slower than the earlier runs",
-         "header": [f"{root}: {len(hist)} rows, {runs} runs; each row's windows against its "
-                    f"configuration's last {compare.EARLIER_RUNS} runs on the same system: "
-                    f"exact Mann-Whitney p < {compare.ALPHA:g} and a drop beyond "
-                    f"{threshold_pct:g}% or the spread those runs showed"],
-         "columns": cols if not flagged.empty else ["sweep"],
-         "rows": flagged.reindex(columns=cols).to_dict("records") if not flagged.empty else [],
-         "units": units}
-    fig = figures.history(hist, flagged, unit=units.get(THROUGHPUT, {}).get("unit"))
-    out.write_text(page.render(m, [("history", fig)] if fig else []), encoding="utf-8")
-    return out
 
 
 def write_index(root: Path, out: Path | None = None) -> Path:

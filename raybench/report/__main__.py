@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from raybench.report import budget_of, write, write_history, write_index
+from raybench.report import budget_of, write, write_index
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.history:
         from raybench import history
+        from raybench.compare import write_history
 
         root = Path(args.history)
         if root.name == history.LEGACY:  # the old single table: its results root

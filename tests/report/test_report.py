@@ -253,7 +253,8 @@ def test_comparison_normalises_per_rank():
 
 
 def test_index_and_history_pages(tmp_path):
-    from raybench.report import write, write_history, write_index
+    from raybench.compare import write_history
+    from raybench.report import write, write_index
 
     for name in ("a", "b"):
         run = tmp_path / "sweep" / name
