@@ -51,7 +51,8 @@ def load(run_dir: Path) -> dict[str, Any]:
             "system": json.loads(info_path.read_text()) if info_path.exists() else {}}
 
 
-def model(runs: list[dict[str, Any]], memory_budget_mb: float | None = None) -> dict[str, Any]:
+def model(runs: list[dict[str, Any]], memory_budget_mb: float | None = None,
+          allow_quick: bool = False) -> dict[str, Any]:
     """What the page shows, from loaded runs. Pure."""
     df = with_scaling(pd.concat([r["frame"] for r in runs], ignore_index=True))
     judged = with_validity(df)
@@ -80,7 +81,7 @@ def model(runs: list[dict[str, Any]], memory_budget_mb: float | None = None) -> 
         "units": {k: v for r in runs for k, v in r.get("units", {}).items()},
         "rows": judged[shown + ["validity_reasons", "validity_notes"]].to_dict("records"),
         "recommendations": recommend(df, memory_budget_mb),
-        "references": reference.compare(judged),
+        "references": reference.compare(judged, allow_quick=allow_quick),
         "frame": df,
         "details": {k: v for r in runs for k, v in r["details"].items()},
     }
@@ -103,14 +104,17 @@ def node_line(ip: str, f: dict[str, Any]) -> str:
             + ("; topology in system_info.json" if f.get("gpu_topology") else ""))
 
 
-def build(run_dirs: list[Path], memory_budget_mb: float | None = None) -> tuple[str, dict]:
-    m = model([load(d) for d in run_dirs], memory_budget_mb)
+def build(run_dirs: list[Path], memory_budget_mb: float | None = None,
+          allow_quick: bool = False) -> tuple[str, dict]:
+    m = model([load(d) for d in run_dirs], memory_budget_mb, allow_quick)
     return page.render(m, figures.all_figures(m["frame"], m["details"])), m
 
 
-def write(run_dirs: list[Path], out: Path, memory_budget_mb: float | None = None) -> Path:
-    """report.html plus benchmark_report.md and benchmark_report.json beside it."""
-    text, m = build(run_dirs, memory_budget_mb)
+def write(run_dirs: list[Path], out: Path, memory_budget_mb: float | None = None,
+          allow_quick: bool = False) -> Path:
+    """report.html plus benchmark_report.md and benchmark_report.json beside it.
+    `allow_quick`: quick rows get a ratio against published figures too."""
+    text, m = build(run_dirs, memory_budget_mb, allow_quick)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text, encoding="utf-8")

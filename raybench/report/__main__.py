@@ -21,6 +21,8 @@ def main(argv: list[str] | None = None) -> int:
                    "raybench.compare's threshold)")
     p.add_argument("-o", "--output", help="HTML file (default RUN_DIR/report.html for one run)")
     p.add_argument("--memory-budget-mb", type=float, help="for the within-budget recommendation")
+    p.add_argument("--allow-quick", action="store_true",
+                   help="give quick rows (trial/category) a ratio against published figures")
     args = p.parse_args(argv)
     if args.index:
         print(write_index(Path(args.index), Path(args.output) if args.output else None))
@@ -48,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.output) if args.output else Path(args.runs[0]) / (
         "report.html" if len(args.runs) == 1 else "comparison.html")
     budget = args.memory_budget_mb or budget_of(Path(args.runs[0]))
-    print(write([Path(r) for r in args.runs], out, budget))
+    print(write([Path(r) for r in args.runs], out, budget, args.allow_quick))
     return 0
 
 

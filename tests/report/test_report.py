@@ -385,3 +385,15 @@ def test_published_reference_figures_beside_the_best_valid_matching_row():
     m = {"title": "t", "header": [], "columns": ["trial_key"], "rows": [],
          "references": reference.compare(judged)}
     assert "Published reference figures" in page.render(m, [])
+
+
+def test_report_command_options(tmp_path, capsys):
+    from raybench.report.__main__ import main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    FRAME.to_parquet(run / "results.parquet")
+    assert main([str(run), "--allow-quick", "-o", str(tmp_path / "r.html")]) == 0
+    assert (tmp_path / "r.html").read_text().startswith("<!DOCTYPE html>")
+    assert main(["--history", str(tmp_path / "nothing")]) == 2
+    assert "holds no history" in capsys.readouterr().err
