@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from raybench import fingerprint
+from raybench import fingerprint, store
 
 THRESHOLD_PCT = 3.0  # below this a change is not worth a verdict, however certain
 ALPHA = 0.05
@@ -291,7 +291,7 @@ def write_history(root: Path, out: Path, threshold_pct: float = THRESHOLD_PCT) -
          "rows": flagged.reindex(columns=cols).to_dict("records") if not flagged.empty else [],
          "units": units}
     fig = figures.history(hist, flagged, unit=units.get(THROUGHPUT, {}).get("unit"))
-    out.write_text(report_page.render(m, [("history", fig)] if fig else []), encoding="utf-8")
+    store.write_text(out, report_page.render(m, [("history", fig)] if fig else []))
     return out
 
 

@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
-from raybench import columns, interrupts, workloads
+from raybench import columns, interrupts, store, workloads
 from raybench.grid import TrialSpec
 from raybench.records import Status, TrialOutcome, now
 from raybench.report.assess import validity
@@ -140,9 +140,9 @@ def write_run_files(out: Path, spec: SweepSpec, cluster: dict[str, Any],
     the first trial; returns the facts."""
     from raybench import sysinfo  # imports torch: kept off the dry-run path
 
-    (out / "sweep.yaml").write_text(yaml.safe_dump(spec.to_yaml_dict(), sort_keys=False))
+    store.write_text(out / "sweep.yaml", yaml.safe_dump(spec.to_yaml_dict(), sort_keys=False))
     info = sysinfo.collect(cluster, nodes)
-    (out / "system_info.json").write_text(json.dumps(info, indent=1, default=str))
+    store.write_text(out / "system_info.json", json.dumps(info, indent=1, default=str))
     return info
 
 

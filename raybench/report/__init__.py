@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 import pyarrow.parquet as pq
 
-from raybench import columns
+from raybench import columns, store
 from raybench.report import figures, page, reference
 from raybench.report.assess import (
     THROUGHPUT,
@@ -117,12 +117,13 @@ def write(run_dirs: list[Path], out: Path, memory_budget_mb: float | None = None
     text, m = build(run_dirs, memory_budget_mb, allow_quick)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text, encoding="utf-8")
+    store.write_text(out, text)  # all or nothing: a kill leaves the old page or the new one
     summary = {"title": m["title"], "header": m["header"], "units": m["units"],
                "references": m["references"],
                "recommendations": m["recommendations"], "trials": m["rows"]}
-    (out.parent / "benchmark_report.json").write_text(json.dumps(summary, indent=1, default=str))
-    (out.parent / "benchmark_report.md").write_text(markdown(m))
+    store.write_text(out.parent / "benchmark_report.json",
+                     json.dumps(summary, indent=1, default=str))
+    store.write_text(out.parent / "benchmark_report.md", markdown(m))
     return out
 
 
@@ -167,7 +168,7 @@ def write_index(root: Path, out: Path | None = None) -> Path:
         })
     m = {"title": f"raybench runs under {root}", "table_title": "Runs", "header": [
         f"{len(rows)} runs"], "columns": list(rows[0]) if rows else ["sweep"], "rows": rows}
-    out.write_text(page.render(m, []), encoding="utf-8")
+    store.write_text(out, page.render(m, []))
     return out
 
 

@@ -397,3 +397,25 @@ def test_report_command_options(tmp_path, capsys):
     assert (tmp_path / "r.html").read_text().startswith("<!DOCTYPE html>")
     assert main(["--history", str(tmp_path / "nothing")]) == 2
     assert "holds no history" in capsys.readouterr().err
+
+
+def test_a_report_killed_while_written_leaves_the_old_page_whole(tmp_path, monkeypatch):
+    """Issue 41, item 3: the page, benchmark_report.* and the run files are written to a
+    temporary and renamed; a kill at the rename leaves the old file and no temporary."""
+    from raybench import store
+    from raybench.report import write
+
+    run = tmp_path / "run"
+    run.mkdir()
+    FRAME.to_parquet(run / "results.parquet")
+    page_path = write([run], run / "report.html")
+    before = page_path.read_text()
+
+    def killed(src, dst):
+        raise KeyboardInterrupt  # SIGINT as the new page is renamed into place
+
+    monkeypatch.setattr(store.os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        write([run.parent / "run"], run / "report.html")
+    assert page_path.read_text() == before
+    assert [p.name for p in run.iterdir() if ".tmp" in p.name] == []
