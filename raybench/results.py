@@ -54,9 +54,10 @@ def run_directory(spec: SweepSpec, override: str | None, resume: bool = False) -
     if resume:
         out = Path(explicit) if explicit else _latest_run(spec)
         _check_resumable(spec, out)
+    elif not explicit:
+        out = _new_run_dir(spec)
     else:
-        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-        out = Path(explicit or Path(spec.output.root) / spec.name / stamp)
+        out = Path(explicit)
         if (out / "results.parquet").exists():
             raise SpecError(spec.source, "--output", str(out), "already holds a run "
                             "(results.parquet)", "add --resume to finish that run, or choose "
@@ -73,6 +74,28 @@ def run_directory(spec: SweepSpec, override: str | None, resume: bool = False) -
         if stale.name.startswith((".results.", ".history.")) and stale.is_file():
             stale.unlink(missing_ok=True)
     return out.resolve()
+
+
+def _new_run_dir(spec: SweepSpec) -> Path:
+    """`<root>/<sweep>/<UTC second>`, created here and by no one else: a sweep of the same name
+    started in the same second gets `<second>-002` (then -003 ...), which sorts after it."""
+    base = Path(spec.output.root) / spec.name
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        for n in range(1, 1000):
+            out = base / (stamp if n == 1 else f"{stamp}-{n:03d}")
+            try:
+                out.mkdir()
+                return out
+            except FileExistsError:
+                continue
+    except OSError as e:
+        raise SpecError(spec.source, "output.root", str(base), f"cannot be written "
+                        f"({e.strerror})", "choose a writable directory with --output or "
+                        "output.root") from None
+    raise SpecError(spec.source, "output.root", str(base), f"holds 999 runs started in {stamp}",
+                    "start the sweep again a second later") from None
 
 
 def _latest_run(spec: SweepSpec) -> Path:

@@ -110,3 +110,27 @@ def test_jsonl_prints_each_trial_as_it_is_written(write_sweep, tmp_path, capsys)
     assert lines[0]["elapsed_seconds"] == 12.5 and lines[0]["row"]["train/loss_final"] is None
     assert lines[0]["config"] == {k: v for k, v in first.config().items()}
     assert lines[1]["status"] == "oom" and lines[1]["samples_per_s"] is None
+
+
+def test_sweeps_started_in_the_same_second_get_their_own_run_directories(write_sweep, tmp_path,
+                                                                          monkeypatch):
+    """Issue 41, item 4: run directories are created exclusively, so two sweeps of one name
+    started together never share one (the clock is frozen here to make them collide)."""
+    from datetime import datetime, timezone
+
+    from raybench import results
+    from raybench.spec import load_sweep
+
+    class Frozen(datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return datetime(2026, 11, 25, 17, 0, 0, tzinfo=timezone.utc)
+
+    monkeypatch.setattr(results, "datetime", Frozen)
+    spec = load_sweep(write_sweep(), [f"output.root={tmp_path / 'res'}"])
+    runs = [results.run_directory(spec, None) for _ in range(3)]
+    assert [r.name for r in runs] == ["20261125T170000Z", "20261125T170000Z-002",
+                                      "20261125T170000Z-003"]
+    for r in runs:
+        (r / "sweep.yaml").write_text(yaml_dump(spec))
+    assert results.run_directory(spec, None, resume=True) == runs[-1]  # the newest sorts last
