@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from raybench import fingerprint, store
+from raybench.records import present
 
 THRESHOLD_PCT = 3.0  # below this a change is not worth a verdict, however certain
 ALPHA = 0.05
@@ -119,7 +120,7 @@ def run_spread(history: pd.DataFrame | None, row: dict[str, Any],
     same = history[(history["trial_key"] == row.get("trial_key"))
                    & (history["status"] == "ok") & ~history["run_id"].isin(exclude)]
     fp = row.get("system/fingerprint")
-    if "system/fingerprint" in same and _given(fp):
+    if "system/fingerprint" in same and present(fp):
         same = same[same["system/fingerprint"] == fp]
     values = same[THROUGHPUT].dropna().astype(float)
     if len(values) < 3:
@@ -159,7 +160,7 @@ def compare_runs(base: pd.DataFrame, new: pd.DataFrame, threshold_pct: float = T
     b, n = base.set_index("trial_key"), new.set_index("trial_key")
     fp = "system/fingerprint"
     if not across_systems and fp in b and fp in n:
-        differ = [k for k in common if _given(b.at[k, fp]) and _given(n.at[k, fp])
+        differ = [k for k in common if present(b.at[k, fp]) and present(n.at[k, fp])
                   and b.at[k, fp] != n.at[k, fp]]
         if differ:
             raise BadInput(f"{names[0]} and {names[1]} ran on different systems "
@@ -169,7 +170,7 @@ def compare_runs(base: pd.DataFrame, new: pd.DataFrame, threshold_pct: float = T
                            "purpose")
     cat = "trial/category"
     if not allow_quick and cat in b and cat in n:
-        mixed = [k for k in common if _given(b.at[k, cat]) and _given(n.at[k, cat])
+        mixed = [k for k in common if present(b.at[k, cat]) and present(n.at[k, cat])
                  and b.at[k, cat] != n.at[k, cat]]
         if mixed:
             raise BadInput(f"{names[0]} and {names[1]} mix a quick row with a canonical one "
@@ -201,10 +202,6 @@ def _windows(row: dict[str, Any]) -> list[float]:
     return [float(x) for x in w] if w is not None and len(w) else []
 
 
-def _given(v: Any) -> bool:
-    return v is not None and v == v
-
-
 def _config(row: dict[str, Any], run: pd.DataFrame) -> str:
     """The grid's values for this row: the config columns that differ within its run."""
     axes = [c for c in run.columns if "." in c and "/" not in c
@@ -223,9 +220,9 @@ def table(results: list[dict[str, Any]]) -> str:
             f"{_fmt(ci[0], 3)}-{_fmt(ci[1], 3)}" if ci[0] is not None else "-",
             _fmt(r.get("p"), 3), r["verdict"]
             + (f" (needs {int(r['windows_needed'])} windows a side)"
-               if _given(r.get("windows_needed")) else "")
-            + (f" ({r['reason']})" if _given(r.get("reason")) else ""),
-            r.get("software_change") if _given(r.get("software_change")) else "-"]))
+               if present(r.get("windows_needed")) else "")
+            + (f" ({r['reason']})" if present(r.get("reason")) else ""),
+            r.get("software_change") if present(r.get("software_change")) else "-"]))
     return "\n".join(lines)
 
 
@@ -243,12 +240,12 @@ def page(results: list[dict[str, Any]], title: str, header: list[str]) -> str:
     rows = [{**r, "ci95_low": (r.get("ratio_ci95") or [None, None])[0],
              "ci95_high": (r.get("ratio_ci95") or [None, None])[1]} for r in results]
     figs = []
-    drawn = [r for r in rows if _given(r.get("ratio"))]
+    drawn = [r for r in rows if present(r.get("ratio"))]
     if drawn:
         names = [str(r["config"] or r["trial_key"]) for r in drawn]
         ratio = [r["ratio"] for r in drawn]
-        up = [(r["ci95_high"] - r["ratio"]) if _given(r["ci95_high"]) else 0 for r in drawn]
-        down = [(r["ratio"] - r["ci95_low"]) if _given(r["ci95_low"]) else 0 for r in drawn]
+        up = [(r["ci95_high"] - r["ratio"]) if present(r["ci95_high"]) else 0 for r in drawn]
+        down = [(r["ratio"] - r["ci95_low"]) if present(r["ci95_low"]) else 0 for r in drawn]
         colour = {"slower": "#c62828", "faster": "#2e7d32", "unchanged": "#1565c0",
                   "inconclusive": "#9e9e9e"}
         fig = go.Figure(go.Scatter(

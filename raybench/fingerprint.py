@@ -16,6 +16,7 @@ from collections import Counter
 from typing import Any
 
 from raybench.columns import Metric, declare
+from raybench.records import present
 
 HARDWARE = ("system/accelerator", "system/accelerators_per_node", "system/nodes",
             "system/cpu_model")
@@ -66,13 +67,9 @@ def software_changes(before: dict[str, Any], after: dict[str, Any]) -> str | Non
     changes = []
     for key in SOFTWARE:
         a, b = before.get(key), after.get(key)
-        if _given(a) and _given(b) and a != b:
+        if present(a) and present(b) and a != b:  # NaN: a row from before the column
             changes.append(f"{key.split('/', 1)[1]} {a} -> {b}")
     return "; ".join(changes) or None
-
-
-def _given(v: Any) -> bool:
-    return v is not None and v == v  # NaN: a row from before the column existed
 
 
 def _most_common(values: list[Any]) -> Any:

@@ -10,6 +10,7 @@ ranks): `to_dict` / `from_dict`, which refuse a field nobody declared. No rayben
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Literal
@@ -20,6 +21,12 @@ Status = Literal["ok", "oom", "error", "timeout", "infeasible", "lost"]
 def now() -> str:
     """The UTC time rows and outcomes carry (start_time, end_time), to the millisecond."""
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def present(v: Any) -> bool:
+    """A row's cell holds a value: not None, not NaN (what a table gives a row for a column
+    its own run did not have)."""
+    return v is not None and not (isinstance(v, float) and math.isnan(v))
 
 
 def _from_dict(cls: type, d: dict[str, Any]) -> Any:

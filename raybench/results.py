@@ -27,7 +27,7 @@ import yaml
 
 from raybench import columns, interrupts, store, workloads
 from raybench.grid import TrialSpec
-from raybench.records import Status, TrialOutcome, now
+from raybench.records import Status, TrialOutcome, now, present
 from raybench.report.assess import validity
 from raybench.spec import SpecError, SweepSpec
 
@@ -227,7 +227,7 @@ class RowWriter:
                 self.done[row["trial_key"]] = row["status"]
                 self.outcomes[row["trial_key"]] = TrialOutcome(
                     status=row["status"],
-                    metrics={k: v for k, v in row.items() if "/" in k and _present(v)})
+                    metrics={k: v for k, v in row.items() if "/" in k and present(v)})
                 self.resumed += 1
             elif row.get("stage") in ("preprocess", "search") and row.get("status") == "ok":
                 self._stage_rows.add(row["trial_key"])
@@ -360,13 +360,9 @@ CONFIG_SECTIONS = ("workload", "hardware", "measure", "inference")
 def headline(metrics: dict[str, Any]) -> float | None:
     """A row's samples per second: training, offline inference, or the Server rate found."""
     for key in ("train/samples_per_s", "infer/samples_per_s", "server/samples_per_s"):
-        if _present(metrics.get(key)):
+        if present(metrics.get(key)):
             return float(metrics[key])
     return None
-
-
-def _present(v: Any) -> bool:
-    return v is not None and not (isinstance(v, float) and math.isnan(v))
 
 
 def to_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
