@@ -88,10 +88,9 @@ def judge_history(hist: pd.DataFrame, threshold_pct: float = THRESHOLD_PCT,
     against the pooled windows of the last EARLIER_RUNS of them, the threshold widened to the
     spread those runs showed (twice their throughput's CV, once there are three). One row per
     judged row, with the verdict's fields; rows without an earlier run are left out."""
-    ok = hist[(hist["status"] == "ok") & hist[THROUGHPUT].notna()] if THROUGHPUT in hist \
-        else hist.iloc[0:0]
-    if "stage" in ok:
-        ok = ok[ok["stage"] == "benchmark"]
+    from raybench.report.assess import trained_rows
+
+    ok = trained_rows(hist)
     keys = [k for k in ("trial_key", "system/fingerprint") if k in ok]
     out = []
     for _, part in ok.sort_values("recorded_at", kind="stable").groupby(keys, dropna=False):
@@ -103,7 +102,7 @@ def judge_history(hist: pd.DataFrame, threshold_pct: float = THRESHOLD_PCT,
             earlier = rows[max(0, i - EARLIER_RUNS):i]
             base = [w for r in earlier for w in _windows(r)]
             new = _windows(row)
-            spread = run_spread(pd.DataFrame(rows[:i]), row)
+            spread = _spread([r[THROUGHPUT] for r in rows[:i]])
             result = decide(base, new, threshold_pct, spread) if base and new else {
                 "verdict": "inconclusive", "reason": "no windows in these rows"}
             out.append({**row, **result, "base": float(np.mean([r[THROUGHPUT] for r in earlier])),
@@ -122,10 +121,14 @@ def run_spread(history: pd.DataFrame | None, row: dict[str, Any],
     fp = row.get("system/fingerprint")
     if "system/fingerprint" in same and present(fp):
         same = same[same["system/fingerprint"] == fp]
-    values = same[THROUGHPUT].dropna().astype(float)
+    return _spread(same[THROUGHPUT].dropna().tolist())
+
+
+def _spread(values: list[float]) -> float | None:
+    """Twice the CV% of a configuration's throughput over its runs, from three runs on."""
     if len(values) < 3:
         return None
-    return 200.0 * float(values.std(ddof=1)) / float(values.mean())
+    return 200.0 * float(np.std(values, ddof=1)) / float(np.mean(values))
 
 
 def load_run(path: str) -> pd.DataFrame:
@@ -158,20 +161,17 @@ def compare_runs(base: pd.DataFrame, new: pd.DataFrame, threshold_pct: float = T
                        "trial_key in both). Fix: compare two runs of the same sweep file and "
                        "--set overrides")
     b, n = base.set_index("trial_key"), new.set_index("trial_key")
-    fp = "system/fingerprint"
-    if not across_systems and fp in b and fp in n:
-        differ = [k for k in common if present(b.at[k, fp]) and present(n.at[k, fp])
-                  and b.at[k, fp] != n.at[k, fp]]
+    fp, cat = "system/fingerprint", "trial/category"
+    if not across_systems:
+        differ = _differing(b, n, common, fp)
         if differ:
             raise BadInput(f"{names[0]} and {names[1]} ran on different systems "
                            f"({b.at[differ[0], 'system/accelerator']} against "
                            f"{n.at[differ[0], 'system/accelerator']}; system/fingerprint "
                            "differs). Fix: add --across-systems to compare two systems on "
                            "purpose")
-    cat = "trial/category"
-    if not allow_quick and cat in b and cat in n:
-        mixed = [k for k in common if present(b.at[k, cat]) and present(n.at[k, cat])
-                 and b.at[k, cat] != n.at[k, cat]]
+    if not allow_quick:
+        mixed = _differing(b, n, common, cat)
         if mixed:
             raise BadInput(f"{names[0]} and {names[1]} mix a quick row with a canonical one "
                            f"({b.at[mixed[0], cat]} against {n.at[mixed[0], cat]}, "
@@ -195,6 +195,14 @@ def compare_runs(base: pd.DataFrame, new: pd.DataFrame, threshold_pct: float = T
                     "software_change": fingerprint.software_changes(rb, rn),
                     "systems": [rb.get("system/accelerator"), rn.get("system/accelerator")]})
     return out
+
+
+def _differing(b: pd.DataFrame, n: pd.DataFrame, keys: list[str], column: str) -> list[str]:
+    """The configurations whose `column` both runs give, with different values."""
+    if column not in b or column not in n:
+        return []
+    return [k for k in keys if present(b.at[k, column]) and present(n.at[k, column])
+            and b.at[k, column] != n.at[k, column]]
 
 
 def _windows(row: dict[str, Any]) -> list[float]:
@@ -384,13 +392,10 @@ def _history_beside(run: Path) -> pd.DataFrame | None:
 def _write_page(path: str | None, results: list[dict[str, Any]], what: str) -> None:
     if not path:
         return
-    out = Path(path)
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(page(results, "raybench comparison", [
+    store.write_text(path, page(results, "raybench comparison", [
         what, f"exact two-sided Mann-Whitney U over the windows, p < {ALPHA:g}, and a change "
         "beyond the threshold: slower / faster; the ratio's 95% interval within it: "
-        "unchanged; else inconclusive"]), encoding="utf-8")
-    tmp.replace(out)
+        "unchanged; else inconclusive"]))
 
 
 def _json(v: Any) -> Any:

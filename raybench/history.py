@@ -230,11 +230,8 @@ def main(argv: list[str] | None = None) -> int:
             term = ds.field(name) == value
             keep = term if keep is None else keep & term
     frame = read(args.root, keep)
-    out = Path(args.csv)
-    tmp = out.with_name(f".{out.name}.tmp")
-    frame.to_csv(tmp, index=False)
-    tmp.replace(out)
-    print(f"{len(frame)} rows -> {out}")
+    store.write_text(args.csv, frame.to_csv(index=False))
+    print(f"{len(frame)} rows -> {args.csv}")
     return 0
 
 
