@@ -73,7 +73,6 @@ class History:
         store.write_bytes(self.file, _parquet(pa.Table.from_pandas(pd.DataFrame(self.rows),
                                                                  preserve_index=False)))
 
-
     def compact(self) -> str | None:
         return compact(self.root)
 

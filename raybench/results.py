@@ -9,6 +9,7 @@ back into objects: Parquet and JSON only.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import math
@@ -54,15 +55,15 @@ def run_directory(spec: SweepSpec, override: str | None, resume: bool = False) -
     if resume:
         out = Path(explicit) if explicit else _latest_run(spec)
         _check_resumable(spec, out)
-    elif not explicit:
-        out = _new_run_dir(spec)
-    else:
-        out = Path(explicit)
-        if (out / "results.parquet").exists():
-            raise SpecError(spec.source, "--output", str(out), "already holds a run "
-                            "(results.parquet)", "add --resume to finish that run, or choose "
-                            "another --output") from None
+    elif explicit and (Path(explicit) / "results.parquet").exists():
+        raise SpecError(spec.source, "--output", str(explicit), "already holds a run "
+                        "(results.parquet)", "add --resume to finish that run, or choose "
+                        "another --output") from None
+    else:  # where the error below points while a new run's name is not known yet
+        out = Path(explicit or Path(spec.output.root) / spec.name)
     try:
+        if not resume and not explicit:
+            out = _new_run_dir(out)
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".write_test"
         probe.write_text("")
@@ -76,26 +77,19 @@ def run_directory(spec: SweepSpec, override: str | None, resume: bool = False) -
     return out.resolve()
 
 
-def _new_run_dir(spec: SweepSpec) -> Path:
-    """`<root>/<sweep>/<UTC second>`, created here and by no one else: a sweep of the same name
-    started in the same second gets `<second>-002` (then -003 ...), which sorts after it."""
-    base = Path(spec.output.root) / spec.name
+def _new_run_dir(base: Path) -> Path:
+    """`<base>/<UTC second>`, created here and by no one else: a sweep of the same name started
+    in the same second gets `<second>-002` (then -003 ...), which sorts after it."""
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    try:
-        base.mkdir(parents=True, exist_ok=True)
-        for n in range(1, 1000):
-            out = base / (stamp if n == 1 else f"{stamp}-{n:03d}")
-            try:
-                out.mkdir()
-                return out
-            except FileExistsError:
-                continue
-    except OSError as e:
-        raise SpecError(spec.source, "output.root", str(base), f"cannot be written "
-                        f"({e.strerror})", "choose a writable directory with --output or "
-                        "output.root") from None
-    raise SpecError(spec.source, "output.root", str(base), f"holds 999 runs started in {stamp}",
-                    "start the sweep again a second later") from None
+    base.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 1000):
+        out = base / (stamp if n == 1 else f"{stamp}-{n:03d}")
+        try:
+            out.mkdir()
+            return out
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, f"999 runs started in {stamp}", str(base))
 
 
 def _latest_run(spec: SweepSpec) -> Path:
