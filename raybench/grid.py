@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -116,6 +117,7 @@ def expand(spec: SweepSpec) -> list[TrialSpec]:
             raise SpecError(spec.source, "grid", [k for k, _ in trial_axes], "sweeps trial "
                             "fields but the sweep has no workload", "add a workload: section")
         return []
+    _check_size(spec, trial_axes)
     axes = [(resolve_key(key, spec), values) for key, values in trial_axes]
     searching = spec.search is not None and spec.search.largest_batch is not None
     if searching and any(k == "workload.batch_size" for k, _ in axes):
@@ -138,6 +140,7 @@ def stage_variants(spec: SweepSpec) -> list[PreprocessSpec]:
                             "but the sweep has no preprocess section", "add a preprocess: section")
         return []
     axes = [(k.partition(".")[2], v) for k, v in _axes(spec) if k.startswith("preprocess.")]
+    _check_size(spec, axes)
     if axes and not spec.preprocess.fresh:
         raise SpecError(spec.source, "preprocess.fresh", False, "a swept stage would hit its "
                         "own cache after the first variant and measure nothing",
@@ -160,6 +163,16 @@ def _axes(spec: SweepSpec) -> list[tuple[str, list[Any]]]:
             raise SpecError(spec.source, f"grid.{key}", values, "must be a non-empty list",
                             f"write grid.{key}: [value, ...]")
     return list(spec.grid.items())
+
+
+def _check_size(spec: SweepSpec, axes: list[tuple[str, list[Any]]]) -> None:
+    size = math.prod(len(values) for _, values in axes)
+    if size > spec.execution.max_trials:
+        lengths = " x ".join(f"{key} {len(values)}" for key, values in axes)
+        raise SpecError(spec.source, "grid", f"{size} combinations ({lengths})",
+                        f"expands to more than execution.max_trials={spec.execution.max_trials}",
+                        "shorten the axes, or raise execution.max_trials if the sweep is meant "
+                        "to be that large")
 
 
 def _section_models(spec: SweepSpec) -> dict[str, type]:

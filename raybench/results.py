@@ -30,7 +30,7 @@ from raybench import columns, interrupts, store, workloads
 from raybench.grid import TrialSpec
 from raybench.records import Status, TrialOutcome, now, present
 from raybench.report.assess import validity
-from raybench.spec import SpecError, SweepSpec
+from raybench.spec import SpecError, SweepSpec, validate_sweep
 
 log = logging.getLogger(__name__)
 ID_COLUMNS = ["sweep", "run_id", "stage", "trial_index", "trial_key", "system", "start_time",
@@ -109,6 +109,10 @@ def _check_resumable(spec: SweepSpec, out: Path) -> None:
         raise SpecError(spec.source, "--resume", str(out), "holds no run (no sweep.yaml)",
                         "name the run directory to finish with --output") from None
     old = yaml.safe_load(saved.read_text()) or {}
+    try:  # read as today's raybench reads it: a field added since, at its default, is no change
+        old = validate_sweep(old, str(saved)).to_yaml_dict()
+    except SpecError:
+        pass  # a field since removed or renamed: compared as written
     new = spec.to_yaml_dict()
     for key in sorted(set(old) | set(new)):
         if key != "output" and old.get(key) != new.get(key):

@@ -38,8 +38,14 @@ def env_problem(name: str) -> str | None:
     return None
 
 
+# Every section refuses unknown keys, is frozen once validated, and refuses .inf and .nan for a
+# float (YAML writes them `.inf`, `.nan`): a deadline or a learning rate of inf passes every
+# bound yet only fails inside a trial.
+STRICT = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = STRICT
 
 
 class SystemSpec(Strict):
@@ -89,8 +95,13 @@ class HardwareSpec(Strict):
             if why:
                 raise ValueError(why)
         # YAML gives numbers and booleans; a process environment holds strings
-        return {str(k): ("1" if v is True else "0" if v is False else str(v))
-                if isinstance(v, str | int | float | bool) else v for k, v in value.items()}
+        env = {str(k): ("1" if v is True else "0" if v is False else str(v))
+               if isinstance(v, str | int | float | bool) else v for k, v in value.items()}
+        for name, v in env.items():
+            if isinstance(v, str) and "\0" in v:  # no process can start with it: Ray's set-up
+                raise ValueError(f"{name}'s value holds a NUL byte, which no environment "
+                                 "can carry")  # of such a worker retries for minutes
+        return env
 
     @property
     def world_size(self) -> int:
@@ -169,6 +180,10 @@ class ExecutionSpec(Strict):
         "last ranks leave it. A trial that fails ends its group and the next starts fresh. "
         "Trials that keep a checkpoint always run alone. The row says which (trial/isolation, "
         "trial/group_ranks)")
+    max_trials: int = Field(
+        10_000, ge=1, description="the most trials a grid may expand to (the product of its "
+        "axes' lengths), checked before expanding: a grid written larger by mistake would "
+        "take the planner's memory and minutes before it said anything")
 
 
 class MlflowSpec(Strict):

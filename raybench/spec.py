@@ -10,6 +10,8 @@ expansion (grid.py).
 from __future__ import annotations
 
 import difflib
+import re
+import reprlib
 from pathlib import Path
 from typing import Any
 
@@ -39,12 +41,53 @@ class SpecError(ValueError):
     def __init__(self, source: str, path: str, value: Any, problem: str, fix: str):
         self.source, self.path, self.value = source, path, value
         self.problem, self.fix = problem, fix
-        shown = repr(value) if not isinstance(value, str) or len(value) < 80 else repr(value[:77])
-        super().__init__(f"{source}: {path}={shown}: {problem}. Fix: {fix}")
+        super().__init__(f"{source}: {path}={shown(value)}: {problem}. Fix: {fix}")
+
+
+# What an error shows of a value: a few levels and items of each, so a YAML alias bomb (a
+# billion elements that are references to ten) is named in a line, not written out in minutes.
+_SHOWN = reprlib.Repr()  # keyword arguments only from Python 3.12
+_SHOWN.maxlevel, _SHOWN.maxstring, _SHOWN.maxother, _SHOWN.maxlong = 2, 80, 80, 40
+_SHOWN.maxlist = _SHOWN.maxtuple = _SHOWN.maxdict = _SHOWN.maxset = 6
+
+
+def shown(value: Any) -> str:
+    return _SHOWN.repr(value)
+
+
+class _UniqueKeys(yaml.SafeLoader):
+    """`yaml.safe_load` that refuses a key written twice in one mapping: PyYAML keeps the last
+    silently, so a second `measure:` block would drop the first without a word."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, yaml.Mark] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *base` may override keys: that is what it is for
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.setdefault(key, key_node.start_mark)
+            except TypeError:
+                continue  # an unhashable key: construct_mapping below says so
+            if first is not key_node.start_mark:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {shown(key)} (first at line {first.line + 1}); "
+                    "merge the two", key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
+def parse_yaml(text: str) -> Any:
+    """YAML as raybench reads it: safe types only, every key once per mapping."""
+    return yaml.load(text, Loader=_UniqueKeys)  # noqa: S506 - a SafeLoader subclass
+
+
+# A sweep's name is a directory under output.root: ASCII letters and digits first (never `.`
+# or `..`, which would write the run beside or above the root), then also _ . -
+NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
 
 class SweepSpec(Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    name: str = Field(pattern=NAME)
     system: SystemSpec
     workload_name: str | None  # None: a preprocess-only sweep, no trials
     workload: WorkloadParams | None
@@ -106,17 +149,18 @@ def load_sections(path: str | Path, overrides: list[str] | None = None) -> str |
 def _read(path: str | Path, overrides: list[str] | None) -> tuple[dict[str, Any], str]:
     source = str(path)
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as e:
         raise SpecError(source, "<file>", str(path), f"cannot be read ({e.strerror})",
                         "pass the path of an existing sweep YAML file") from None
+    except UnicodeDecodeError as e:
+        raise SpecError(source, "<file>", str(path), f"is not UTF-8 text (byte {e.start} is "
+                        f"{e.object[e.start:e.start + 1]!r})", "pass a sweep YAML file, "
+                        "saved as UTF-8") from None
     try:
-        raw = yaml.safe_load(text)
+        raw = parse_yaml(text)
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown line"
-        raise SpecError(source, "<yaml>", where, f"malformed YAML ({getattr(e, 'problem', e)})",
-                        "correct the YAML syntax at that line") from None
+        raise _yaml_error(source, "<yaml>", e, "correct the YAML syntax at that line") from None
     if not isinstance(raw, dict):
         raise SpecError(source, "<top>", raw, "a sweep file must be a mapping",
                         f"write a mapping with the keys {', '.join(TOP_KEYS)}")
@@ -131,7 +175,11 @@ def apply_override(raw: dict[str, Any], item: str, source: str) -> None:
     if not sep or not key:
         raise SpecError(source, "--set", item, "an override must look like dotted.key=value",
                         "write e.g. --set measure.measure_steps=10")
-    value = yaml.safe_load(text)
+    try:
+        value = parse_yaml(text)
+    except yaml.YAMLError as e:
+        raise _yaml_error(source, f"--set {key}", e, "quote the value or correct its YAML, "
+                          "e.g. --set 'grid.batch_size=[8, 16]'") from None
     if key.startswith("grid."):  # grid keys themselves contain dots: split once
         raw.setdefault("grid", {})[key[len("grid."):]] = value
         return
@@ -143,6 +191,12 @@ def apply_override(raw: dict[str, Any], item: str, source: str) -> None:
             raise SpecError(source, f"--set {key}", value, f"'{part}' is not a section",
                             "override a key inside a mapping section")
     node[parts[-1]] = value
+
+
+def _yaml_error(source: str, path: str, e: yaml.YAMLError, fix: str) -> SpecError:
+    mark = getattr(e, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown line"
+    return SpecError(source, path, where, f"malformed YAML ({getattr(e, 'problem', e)})", fix)
 
 
 def validate_sweep(raw: dict[str, Any], source: str = "<memory>") -> SweepSpec:
@@ -179,8 +233,9 @@ def _sections(raw: dict[str, Any], source: str) -> tuple[str, SystemSpec, dict[s
             raise SpecError(source, key, None, "is required",
                             f"add a '{key}:' section (see sweeps/local_cpu.yaml)")
     name = raw["name"]
-    if not isinstance(name, str) or not name or not all(c.isalnum() or c in "_.-" for c in name):
-        raise SpecError(source, "name", name, "must be a non-empty word of letters, digits, _ . -",
+    if not isinstance(name, str) or not re.fullmatch(NAME, name):
+        raise SpecError(source, "name", name, "must be ASCII letters, digits, _ . - starting "
+                        "with a letter or digit (it names the run's directory)",
                         "use a name such as dgx_a100")
     system = build_model(SystemSpec, raw["system"], "system", source)
     sections = {k: build_model(model, raw.get(k) or {}, k, source)

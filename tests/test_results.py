@@ -78,6 +78,12 @@ def test_new_run_refuses_a_directory_with_rows_and_resume_checks_the_sweep(write
         run_directory(spec, str(out))
     assert run_directory(spec, str(out), resume=True) == out
     assert run_directory(spec, None, resume=True) == out  # the newest run of this sweep
+    import yaml  # a run written before a field existed resumes: the field is at its default
+
+    older = spec.to_yaml_dict()
+    del older["execution"]["max_trials"]
+    (out / "sweep.yaml").write_text(yaml.safe_dump(older, sort_keys=False))
+    assert run_directory(spec, str(out), resume=True) == out
     other = load_sweep(write_sweep(), [f"output.root={tmp_path / 'res'}",
                                        "measure.measure_steps=7"])
     with pytest.raises(SpecError, match="measure.*differs from the run"):

@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pyarrow.fs import FileType
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from raybench import store
 from raybench.columns import Metric, declare
 from raybench.records import TrialOutcome
+from raybench.sections import STRICT
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ declare(
 class GenerateSpec(BaseModel):
     """Synthetic scenes to create under `scenes`' parent when they do not exist yet."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = STRICT
     scenes: int = Field(4, ge=1)
     size: str = Field("2400x2400", pattern=r"^\d+x\d+$")
     seed: int = 0
@@ -50,7 +51,7 @@ class GenerateSpec(BaseModel):
 
 
 class PreprocessSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = STRICT
     scenes: str = Field(description="a split root of scene folders, e.g. data/xview3/train "
                         "or s3://bucket/xview3/train")
     labels: str = Field(description="that split's label CSV (a path or a URI)")

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, model_validator
+
+from raybench.sections import STRICT
 
 
 class InferenceSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = STRICT
     scenario: Literal["offline", "server"] = "offline"
     replicas: int = Field(1, ge=1, description="model replicas, each with hardware.num_gpus "
                           "(0 or 1) GPUs and hardware.cpus_per_worker CPUs")

@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from raybench.columns import Metric, declare
+from raybench.sections import STRICT
 
 if TYPE_CHECKING:
     import torch
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
 class WorkloadParams(BaseModel):
     """Parameters every workload has; a workload's own `Params` subclasses this."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = STRICT
     batch_size: int = Field(32, ge=1, description="samples per rank per step")
     seed: int = 0
 

@@ -21,7 +21,7 @@ from tests.conftest import ROOT, TINY_SWEEP
 SWEEP = TINY_SWEEP + "output: {root: RESULTS}\n"  # the shared tiny sweep, tables under tmp
 
 
-def run_cli(tmp_path: Path, text: str, *args: str,
+def run_cli(tmp_path: Path, text: str | None, *args: str,
             process: bool = False) -> subprocess.CompletedProcess:
     """`python -m raybench.sweep SWEEP ARGS` from the project root, as its own process or as
     the same `main` called here; stdout, stderr and the exit status either way. Called here,
@@ -29,7 +29,8 @@ def run_cli(tmp_path: Path, text: str, *args: str,
     and the ray runner would start an embedded Ray beside the workload's check for each case
     (3-4 s; that path has its own tests below)."""
     path = tmp_path / "sweep.yaml"
-    path.write_text(textwrap.dedent(text).replace("RESULTS", str(tmp_path / "results")))
+    if text is not None:  # None: the file as the test wrote it
+        path.write_text(textwrap.dedent(text).replace("RESULTS", str(tmp_path / "results")))
     argv = [str(path), *args]
     if not process and "--runner" not in args:
         argv += ["--runner", "local"]
@@ -71,6 +72,23 @@ CASES = {
                          ["resnett", "resnet", "vit_tiles"]),
     "missing_data_dir": (SWEEP, ["--set", "workload.data=imagefolder",
                                  "--set", "workload.data_path=/nonexistent/imgs"], ["data_path"]),
+    # values that would pass and only fail inside a trial, or outside output.root (issue 41)
+    "set_yaml_error": (SWEEP, ["--set", "measure.measure_steps=[1,"],
+                       ["--set measure.measure_steps", "malformed YAML"]),
+    "non_ascii_name": (SWEEP, ["--set", "name=été"], ["name='été'", "ASCII"]),
+    "parent_directory_name": (SWEEP, ["--set", "name=.."], ["name='..'"]),
+    "duplicate_section": (SWEEP + "measure: {warmup_steps: 2}\n", [],
+                          ["duplicate key 'measure'", "first at line 8"]),
+    "infinite_window": (SWEEP, ["--set", "measure.measure_steps=null",
+                                "--set", "measure.measure_seconds=.inf"],
+                        ["measure.measure_seconds", "finite"]),
+    "infinite_deadline": (SWEEP, ["--set", "execution.start_timeout_s=.inf"],
+                          ["execution.start_timeout_s", "finite"]),
+    "nan_learning_rate": (SWEEP, ["--set", "workload.lr=.nan"], ["workload.lr", "finite"]),
+    "nul_in_env": (SWEEP, ["--set", 'hardware.env={X: "a\\0b"}'], ["hardware.env", "NUL"]),
+    "grid_too_large": (SWEEP, ["--set", f"grid.seed={list(range(5001))}"],
+                       ["10002 combinations", "execution.max_trials"]),
+    "no_such_trial": (SWEEP, ["--trials", "1,99"], ["no trial [99]", "0 to 1"]),
 }
 
 
@@ -78,6 +96,22 @@ CASES = {
 def test_spec_errors(tmp_path, case):
     text, args, fragments = CASES[case]
     assert_rejected(tmp_path, run_cli(tmp_path, text, *args), *fragments)
+
+
+def test_a_binary_file_is_named(tmp_path):
+    (tmp_path / "sweep.yaml").write_bytes(b"name: \xf2\x00\xff" * 10)
+    proc = run_cli(tmp_path, None)
+    assert_rejected(tmp_path, proc, "not UTF-8")
+
+
+def test_an_alias_bomb_is_named_in_a_line(tmp_path):
+    """A million elements that are references to ten: the error shows a few of them."""
+    anchors = ["x: &a0 [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]"]
+    anchors += [f"x{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 6)]
+    text = SWEEP.replace("grid: {batch_size: [4, 8]}", "grid:\n  batch_size: *a5")
+    proc = run_cli(tmp_path, "\n".join(["anchors:", *("  " + a for a in anchors)]) + text)
+    assert_rejected(tmp_path, proc, "anchors")
+    assert len(proc.stderr) < 1500, len(proc.stderr)
 
 
 def test_output_directory_that_cannot_be_written(tmp_path):
