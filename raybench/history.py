@@ -31,7 +31,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from raybench import columns, fingerprint, store
-from raybench.records import now
+from raybench.records import now, uniform_cells
 
 DIRECTORY = "history"
 LEGACY = "history.parquet"  # the single table of raybench before 2026-11-25: read, not written
@@ -70,8 +70,8 @@ class History:
             _remove_stale_temporaries(self.dir)
             run = str(row.get("run_id") or "run").replace("/", "_")
             self.file = store.join(self.dir, f"{run}.{uuid.uuid4().hex[:12]}.parquet")
-        store.write_bytes(self.file, _parquet(pa.Table.from_pandas(pd.DataFrame(self.rows),
-                                                                 preserve_index=False)))
+        frame = uniform_cells(pd.DataFrame(self.rows))
+        store.write_bytes(self.file, _parquet(pa.Table.from_pandas(frame, preserve_index=False)))
 
     def compact(self) -> str | None:
         return compact(self.root)
@@ -126,10 +126,31 @@ def _read_table(paths: list[str], filter: ds.Expression | None,
                                           ds.ParquetFileFormat())
     # every file's schema: a column one run lacks is null there; a column null in one run and
     # typed in another takes the type (permissive promotion)
-    schema = factory.inspect(promote_options="permissive", fragments=None)
+    try:
+        schema = factory.inspect(promote_options="permissive", fragments=None)
+    except pa.ArrowTypeError:  # runs that stored a column as different types: read it as text
+        schema = _text_where_types_differ(fs, paths)
     dataset = factory.finish(schema)
     wanted = [c for c in columns_ if c in schema.names] if columns_ else None
     return dataset.to_table(columns=wanted, filter=filter)
+
+
+def _text_where_types_differ(fs: Any, paths: list[str]) -> pa.Schema:
+    """The files' unified schema, a column whose types cannot be promoted into one (a bool in
+    one run, text in another) as text: the dataset casts each file's column to it on read."""
+    fields: dict[str, list[pa.DataType]] = {}
+    for p in paths:
+        for f in pq.read_schema(store.resolve(p)[1], filesystem=fs):
+            fields.setdefault(f.name, []).append(f.type)
+    out = []
+    for name, types in fields.items():
+        try:
+            merged = pa.unify_schemas([pa.schema([(name, t)]) for t in types],
+                                      promote_options="permissive").field(name)
+        except (pa.ArrowTypeError, pa.ArrowInvalid):
+            merged = pa.field(name, pa.string())
+        out.append(merged)
+    return pa.schema(out)
 
 
 def compact(root: str | Path, at_least: int | None = None) -> str | None:

@@ -29,6 +29,21 @@ def present(v: Any) -> bool:
     return v is not None and not (isinstance(v, float) and math.isnan(v))
 
 
+def uniform_cells(frame: Any) -> Any:
+    """A table of rows (pandas) that Arrow can store: a column whose cells mix types (a grid
+    axis of a field that takes `false` or `every_epoch`) holds them as text, booleans spelled
+    as YAML and Arrow spell them (`true`, `false`); Arrow would refuse the column, and the row
+    with it. Columns of one type are left as they are."""
+    for name in frame.columns:
+        if frame[name].dtype != object:
+            continue
+        kinds = {type(v) for v in frame[name] if present(v)}
+        if len(kinds) > 1:
+            frame[name] = [(str(v).lower() if isinstance(v, bool) else str(v)) if present(v)
+                           else None for v in frame[name]]
+    return frame
+
+
 def _from_dict(cls: type, d: dict[str, Any]) -> Any:
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(d) - names)

@@ -28,7 +28,7 @@ import yaml
 
 from raybench import columns, interrupts, store, workloads
 from raybench.grid import TrialSpec
-from raybench.records import Status, TrialOutcome, now, present
+from raybench.records import Status, TrialOutcome, now, present, uniform_cells
 from raybench.report.assess import validity
 from raybench.spec import SpecError, SweepSpec, validate_sweep
 
@@ -365,7 +365,7 @@ def headline(metrics: dict[str, Any]) -> float | None:
 
 def to_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     """Rows -> DataFrame with identity columns first and a stable, sorted rest."""
-    frame = pd.DataFrame(rows)
+    frame = uniform_cells(pd.DataFrame(rows))
     config = sorted(c for c in frame.columns if "." in c and c not in ID_COLUMNS)
     metrics = sorted(c for c in frame.columns if "/" in c)
     rest = [c for c in frame.columns if c not in {*ID_COLUMNS, *config, *metrics}]

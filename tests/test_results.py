@@ -43,6 +43,30 @@ def test_rows_and_history_across_runs(write_sweep, tmp_path):
     assert list(hist[hist.trial_key == key]["train/samples_per_s"]) == [100.0, 90.0]
 
 
+def test_an_axis_of_mixed_types_is_written_and_read_beside_runs_of_one_type(tmp_path):
+    """`save_checkpoints: [false, every_epoch]` is a legal axis: its rows are written (as text)
+    to the run's table and the history, and the history still reads beside a run whose column
+    was a bool (issue 41, item 6)."""
+    from tests.conftest import ROOT
+
+    history = History(tmp_path, "test")
+    for run_id, axis in (("bools", "[false]"), ("mixed", "[false, every_epoch]")):
+        spec = load_sweep(ROOT / "sweeps" / "xview3_cpu.yaml",
+                          [f"grid={{save_checkpoints: {axis}}}"])
+        out = tmp_path / run_id
+        out.mkdir()
+        writer = RowWriter(spec, run_id, ResultsTable(out), history)
+        for t in expand(spec):
+            writer.write(t, outcome(1.0))
+        history = History(tmp_path, "test")  # the next run: a process of its own
+    table = pd.read_parquet(tmp_path / "mixed" / "results.parquet")
+    assert list(table["workload.save_checkpoints"]) == ["false", "every_epoch"]
+    assert len(pd.read_csv(tmp_path / "mixed" / "results.csv")) == 2
+    assert len(ResultsTable(tmp_path / "mixed").rows) == 2  # as --resume reads it
+    hist = history_store.read(tmp_path)
+    assert list(hist["workload.save_checkpoints"]) == ["false", "false", "every_epoch"]
+
+
 def test_results_table_reloads_existing_rows(write_sweep, tmp_path):
     spec = load_sweep(write_sweep())
     t = expand(spec)[0]
