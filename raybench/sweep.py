@@ -99,14 +99,15 @@ def _run(args: argparse.Namespace, t0: float, started: bool) -> int:
     if args.trials:
         wanted = _indices(args.trials)
         if wanted is None:
-            print(f"raybench: {args.sweep}: --trials={args.trials!r}: not a list of trial indices. Fix: write "
-                  "e.g. --trials 0,3 (see --dry-run for the indices)", file=sys.stderr)
+            print(f"raybench: {args.sweep}: --trials={args.trials!r}: not a list of trial "
+                  "indices. Fix: write e.g. --trials 0,3 (see --dry-run for the indices)",
+                  file=sys.stderr)
             return cli.EXIT_INVALID
         unknown = sorted(wanted - {t.index for t in trials})
         if unknown:
-            print(f"raybench: {args.sweep}: --trials={args.trials!r}: the sweep has no trial {unknown} (its "
-                  f"indices are 0 to {len(trials) - 1}). Fix: pick indices from --dry-run's "
-                  "plan", file=sys.stderr)
+            print(f"raybench: {args.sweep}: --trials={args.trials!r}: the sweep has no trial "
+                  f"{unknown} (its indices are 0 to {len(trials) - 1}). Fix: pick indices from "
+                  "--dry-run's plan", file=sys.stderr)
             return cli.EXIT_INVALID
         trials = [t for t in trials if t.index in wanted]
     if args.dry_run:
