@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import fcntl
 import json
+import logging
 import sys
 import time
 import uuid
@@ -33,6 +34,7 @@ import pyarrow.parquet as pq
 from raybench import columns, fingerprint, store
 from raybench.records import now, uniform_cells
 
+log = logging.getLogger(__name__)
 DIRECTORY = "history"
 LEGACY = "history.parquet"  # the single table of raybench before 2026-11-25: read, not written
 STALE_TMP_S = 3600  # a temporary this old is a killed writer's (a write takes milliseconds)
@@ -130,9 +132,27 @@ def _read_table(paths: list[str], filter: ds.Expression | None,
         schema = factory.inspect(promote_options="permissive", fragments=None)
     except pa.ArrowTypeError:  # runs that stored a column as different types: read it as text
         schema = _text_where_types_differ(fs, paths)
+    except pa.ArrowInvalid:  # a damaged file (a truncated copy, a full disk's): read the rest
+        readable = _readable(fs, paths)
+        if len(readable) == len(paths):
+            raise
+        return _read_table(readable, filter, columns_)
     dataset = factory.finish(schema)
     wanted = [c for c in columns_ if c in schema.names] if columns_ else None
     return dataset.to_table(columns=wanted, filter=filter)
+
+
+def _readable(fs: Any, paths: list[str]) -> list[str]:
+    """The files whose Parquet footer reads; each other one is named in a warning."""
+    out = []
+    for p in paths:
+        try:
+            pq.read_schema(store.resolve(p)[1], filesystem=fs)
+            out.append(p)
+        except (pa.ArrowException, OSError) as e:
+            log.warning("history: skipping %s, which cannot be read (%s); move it away to "
+                        "silence this", p, str(e).splitlines()[0][:200])
+    return out
 
 
 def _text_where_types_differ(fs: Any, paths: list[str]) -> pa.Schema:
@@ -172,9 +192,14 @@ def compact(root: str | Path, at_least: int | None = None) -> str | None:
         cutoff = time.time() - ACTIVE_S
         loose = sorted(p for p in (Path(x) for x in files(root))
                        if p.parent == Path(hdir) and not p.name.startswith(SEGMENT)
-                       and p.stat().st_mtime < cutoff)[:at_least]
+                       and p.stat().st_mtime < cutoff)
         if len(loose) < at_least:
             return None
+        # a damaged file stays where it is, for its owner to look at
+        loose = [Path(p) for p in _readable(store.resolve(hdir)[0], [str(p) for p in loose])]
+        if len(loose) < at_least:
+            return None
+        loose = loose[:at_least]
         table = _read_table([str(p) for p in loose], None, None)
         units = {}
         for p in loose:

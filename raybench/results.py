@@ -23,6 +23,7 @@ from typing import Any
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import yaml
 
@@ -176,8 +177,33 @@ def run_facts(out: Path) -> dict[str, Any]:
         return {}
 
 
+class UnreadableTable(ValueError):
+    """A run's results.parquet that Parquet cannot read (truncated, overwritten): the message
+    names it and how to rebuild it from the run's trial files."""
+
+    def __init__(self, path: Path, reason: str):
+        trials = len(list((path.parent / "trials").glob("*.json")))
+        super().__init__(
+            f"{path} cannot be read ({reason.splitlines()[0][:200]}). Fix: its {trials} trial "
+            f"rows are also in {path.parent / 'trials'}; rebuild the table from them with "
+            f"`python -m raybench.rebuild {path.parent}` (the damaged file is kept beside it), "
+            "then run the same command again")
+
+
+def read_rows(path: Path) -> pd.DataFrame:
+    """A results table, or UnreadableTable naming it."""
+    try:
+        return pd.read_parquet(path)
+    except (pa.ArrowException, OSError) as e:
+        if isinstance(e, FileNotFoundError):
+            raise
+        raise UnreadableTable(Path(path), str(e) or type(e).__name__) from None
+
+
 class ResultsTable:
-    """`<dir>/results.parquet` and `results.csv`, rewritten atomically on every append."""
+    """`<dir>/results.parquet` and `results.csv`, rewritten atomically on every append. On
+    opening a run that has rows (a resume), the CSV is written again from the Parquet table,
+    which is written first: a driver killed between the two left the CSV a row short."""
 
     def __init__(self, directory: Path):
         self.dir = Path(directory)
@@ -185,13 +211,13 @@ class ResultsTable:
         self.csv = self.dir / "results.csv"
         self.rows: list[dict[str, Any]] = []
         if self.parquet.exists():
-            self.rows = pd.read_parquet(self.parquet).to_dict("records")
+            frame = read_rows(self.parquet)
+            self.rows = frame.to_dict("records")
+            _atomic(self.csv, lambda p: frame.to_csv(p, index=False))
 
     def append(self, row: dict[str, Any]) -> None:
         self.rows.append(row)
-        frame = to_frame(self.rows)
-        _atomic(self.parquet, lambda p: write_parquet(frame, p))
-        _atomic(self.csv, lambda p: frame.to_csv(p, index=False))
+        write_table(self.dir, to_frame(self.rows))
 
     def write_trial(self, trial: TrialSpec, detail: dict[str, Any]) -> Path:
         path = self.dir / "trials" / f"{trial.index:04d}_{trial.key}.json"
@@ -229,6 +255,31 @@ class RowWriter:
                 self.resumed += 1
             elif row.get("stage") in ("preprocess", "search") and row.get("status") == "ok":
                 self._stage_rows.add(row["trial_key"])
+        if table.rows and history is not None:
+            self._reconcile_history()
+
+    def _reconcile_history(self) -> None:
+        """Append to the history the rows of this run that the table has and it lacks: a
+        driver killed between the two writes, or a history write that failed (a full disk).
+        A row is known by its stage, key and end time, stamped once when it was made."""
+        from raybench import history as store_of_history
+
+        def ident(r: dict[str, Any]) -> tuple[str, str, str]:
+            return (str(r.get("stage")), str(r.get("trial_key")), str(r.get("end_time")))
+
+        try:
+            had = store_of_history.read(self.history.root, ds.field("run_id") == self.run_id,
+                                        ["stage", "trial_key", "end_time"])
+            known = {ident(r) for r in had.to_dict("records")}
+            missing = [r for r in self.table.rows if ident(r) not in known]
+            for r in missing:
+                self.history.append(dict(r))
+        except Exception as e:  # the history is a sink: the run goes on without it
+            log.warning("could not bring the history under %s up to this run's table: %s",
+                        self.history.root, e)
+            return
+        if missing:
+            log.info("history: added %d row(s) of %s that it lacked", len(missing), self.run_id)
 
     def write(self, trial: TrialSpec, outcome: TrialOutcome) -> None:
         with interrupts.row_section():  # a Ctrl-C waits until row, trial file and history agree
@@ -307,7 +358,14 @@ class RowWriter:
         with interrupts.row_section():
             self.table.append(row)
             if self.history is not None:
-                self.history.append(row)
+                try:
+                    self.history.append(row)
+                except Exception as e:  # a sink: the run's own table has the row
+                    if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+                        raise  # the next row could not be written either: stop here
+                    log.warning("could not add trial %s to the history under %s (%s); "
+                                "`--resume` on this run adds it", row.get("trial_key"),
+                                self.history.root, e)
 
     def summary(self, out: Path, elapsed_s: float) -> dict[str, Any]:
         statuses = list(self.done.values())
@@ -370,6 +428,12 @@ def to_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     metrics = sorted(c for c in frame.columns if "/" in c)
     rest = [c for c in frame.columns if c not in {*ID_COLUMNS, *config, *metrics}]
     return frame[[*ID_COLUMNS, *config, *metrics, *rest]]
+
+
+def write_table(directory: Path, frame: pd.DataFrame) -> None:
+    """`results.parquet`, then `results.csv`, each whole or not at all."""
+    _atomic(Path(directory) / "results.parquet", lambda p: write_parquet(frame, p))
+    _atomic(Path(directory) / "results.csv", lambda p: frame.to_csv(p, index=False))
 
 
 def write_parquet(frame: pd.DataFrame, path: str | Path) -> None:

@@ -28,6 +28,7 @@ from raybench.records import TrialOutcome
 from raybench.results import (
     ResultsTable,
     RowWriter,
+    UnreadableTable,
     code_version,
     history_root,
     now,
@@ -121,7 +122,7 @@ def _run(args: argparse.Namespace, t0: float, started: bool) -> int:
     try:
         runner = runners.make(args.runner, spec, out, args.address, started)
         summary = run_sweep(spec, trials, out, runner, history, args.jsonl, t0)
-    except SpecError as e:  # found on the cluster before anything was written
+    except (SpecError, UnreadableTable) as e:  # found before anything was written
         print(f"raybench: {e}", file=sys.stderr)
         if not args.resume and out.is_dir() and not any(out.iterdir()):
             out.rmdir()

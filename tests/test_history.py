@@ -168,3 +168,21 @@ def test_a_writer_whose_file_was_folded_goes_on_in_a_new_file(tmp_path):
     h.append(row(run_id="slow", trial_key="k1"))  # a day later, the run's next row
     hist = history.read(tmp_path)
     assert sorted(hist["trial_key"]) == ["k0", "k1"]
+
+
+def test_a_damaged_history_file_is_skipped_with_a_warning_and_left_alone(tmp_path, caplog,
+                                                                         monkeypatch):
+    """A truncated history file never stops a read, an append or a fold (issue 41, item 7)."""
+    for run in ("a", "b"):
+        History(tmp_path, "test").append(row(run_id=run, trial_key="k"))
+    damaged = Path(history.files(tmp_path)[0])
+    damaged.write_bytes(damaged.read_bytes()[:100])
+    hist = history.read(tmp_path)
+    assert len(hist) == 1 and "cannot be read" in caplog.text and damaged.name in caplog.text
+    History(tmp_path, "test").append(row(run_id="c", trial_key="k"))
+    past = time.time() - history.ACTIVE_S - 60
+    for f in history.files(tmp_path):
+        os.utime(f, (past, past))
+    monkeypatch.setattr(history, "SEGMENT_FILES", 3)
+    assert history.compact(tmp_path) is None  # two readable files: not enough to fold
+    assert damaged.exists() and sorted(history.read(tmp_path)["run_id"]) == ["b", "c"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -164,3 +165,48 @@ def test_sweeps_started_in_the_same_second_get_their_own_run_directories(write_s
     for r in runs:
         (r / "sweep.yaml").write_text(yaml_dump(spec))
     assert results.run_directory(spec, None, resume=True) == runs[-1]  # the newest sorts last
+
+
+def test_resume_brings_the_csv_and_the_history_up_to_the_table(write_sweep, tmp_path):
+    """A driver killed after results.parquet got a row and before the CSV or the history did
+    (issue 41, item 1): opening the run again (--resume) writes both up to the table, once."""
+    spec = load_sweep(write_sweep())
+    trials = expand(spec)
+    out = tmp_path / "run"
+    out.mkdir()
+    writer = RowWriter(spec, "run", ResultsTable(out), History(tmp_path, "test"))
+    for t in trials:
+        writer.write(t, outcome(1.0))
+    csv = (out / "results.csv").read_text().splitlines()
+    (out / "results.csv").write_text("\n".join(csv[:-1]) + "\n")  # the last row's CSV write lost
+    first = history_store.read(tmp_path).iloc[:1]
+    for f in history_store.files(tmp_path):  # the last row's history write lost
+        Path(f).unlink()
+    History(tmp_path, "test").append(first.drop(columns=["recorded_at", "code_version"])
+                                     .to_dict("records")[0])
+    for _ in range(2):  # resumed twice: nothing added the second time
+        RowWriter(spec, "run", ResultsTable(out), History(tmp_path, "test"))
+        assert len(pd.read_csv(out / "results.csv")) == len(trials)
+        hist = history_store.read(tmp_path)
+        assert sorted(hist["trial_key"]) == sorted(t.key for t in trials)
+
+
+def test_a_damaged_table_is_named_and_rebuilt_from_the_trial_files(write_sweep, tmp_path):
+    from raybench import rebuild
+    from raybench.results import UnreadableTable
+
+    spec = load_sweep(write_sweep())
+    trials = expand(spec)
+    writer = RowWriter(spec, "run", ResultsTable(tmp_path))
+    for t in trials:
+        writer.write(t, outcome(1.0))
+    table = tmp_path / "results.parquet"
+    table.write_bytes(table.read_bytes()[:400])  # a truncated copy
+    with pytest.raises(UnreadableTable, match=f"{table} cannot be read.*2 trial rows.*"
+                       f"python -m raybench.rebuild {tmp_path}"):
+        ResultsTable(tmp_path)
+    assert rebuild.main([str(tmp_path)]) == 0
+    rows = ResultsTable(tmp_path).rows
+    assert [r["trial_key"] for r in rows] == [t.key for t in trials]
+    assert len(list(tmp_path.glob("results.parquet.damaged-*"))) == 1
+    assert rebuild.main([str(tmp_path / "nothing")]) == 2

@@ -7,10 +7,12 @@
 
 from __future__ import annotations
 
+import html
 import json
 import os
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pandas as pd
 import pyarrow.parquet as pq
@@ -128,48 +130,70 @@ def write(run_dirs: list[Path], out: Path, memory_budget_mb: float | None = None
 
 
 def markdown(m: dict[str, Any]) -> str:
-    lines = [f"# {m['title']}", "", *[f"- {h}" for h in m["header"]], "", "## Recommendations", ""]
+    """benchmark_report.md. Every value is text, never markup: Markdown renderers pass HTML
+    through, and a grid value or a label (`<b onmouseover=...>`, `<!--`) would be rendered."""
+    def md(value: Any) -> str:
+        return html.escape(str(value), quote=False).replace("|", "/")
+
+    lines = [f"# {md(m['title'])}", "", *[f"- {md(h)}" for h in m["header"]], "",
+             "## Recommendations", ""]
     for key, pick in m["recommendations"].items():
         if isinstance(pick, dict):
-            lines.append(f"- {key}: {pick['label']}: {rate_text(pick)}")
+            lines.append(f"- {md(key)}: {md(pick['label'])}: {md(rate_text(pick))}")
     if m.get("references"):
         lines += ["", "## Published reference figures", "",
                   "| " + " | ".join(reference.COLUMNS) + " |",
                   "|" + " --- |" * len(reference.COLUMNS)]
-        lines += ["| " + " | ".join(str(r[c]) for c in reference.COLUMNS) + " |"
+        lines += ["| " + " | ".join(md(r[c]) for c in reference.COLUMNS) + " |"
                   for r in m["references"]]
     units = m.get("units") or {}
     heads = [f"{c} ({units[c]['unit']})" if c in units else c for c in m["columns"]]
-    lines += ["", "## Trials", "", "| " + " | ".join(heads) + " |",
+    lines += ["", "## Trials", "", "| " + " | ".join(md(h) for h in heads) + " |",
               "|" + " --- |" * len(m["columns"])]
     for r in m["rows"]:
         cells = [f"{v:.4g}" if isinstance(v, float) else str(v) for v in
                  (r.get(c) for c in m["columns"])]
-        lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
+        lines.append("| " + " | ".join(md(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
 
 def write_index(root: Path, out: Path | None = None) -> Path:
     """`index.html` listing every run under a results root, with links and headline figures."""
+    from raybench.results import UnreadableTable, read_rows  # results imports report.assess
+
     root = Path(root)
     out = out or root / "index.html"
     rows = []
     for results in sorted(root.rglob("results.parquet")):
         run = results.parent
-        df = pd.read_parquet(results)
+        try:
+            df = read_rows(results)
+        except UnreadableTable as e:  # listed as such; the other runs are still indexed
+            rows.append({"sweep": run.parent.name, "run": run.relative_to(root).as_posix(),
+                         "system": "?", "started": "?", "rows": "unreadable",
+                         "ok": str(e).split(". Fix:")[0], "best samples/s": None,
+                         "report": None})
+            continue
         ok = df[df["status"] == "ok"]
         best = ok[THROUGHPUT].max() if THROUGHPUT in ok and not ok.empty else None
         report_html = run / "report.html"
         rows.append({
-            "sweep": _first(df, "sweep"), "run": str(run.relative_to(root)),
+            "sweep": _first(df, "sweep"), "run": run.relative_to(root).as_posix(),
             "system": _first(df, "system"), "started": _first(df, "start_time"),
             "rows": len(df), "ok": len(ok), "best samples/s": best,
-            "report": os.path.relpath(report_html, out.parent) if report_html.exists() else None,
+            "report": _link(report_html, out.parent) if report_html.exists() else None,
         })
     m = {"title": f"raybench runs under {root}", "table_title": "Runs", "header": [
         f"{len(rows)} runs"], "columns": list(rows[0]) if rows else ["sweep"], "rows": rows}
     store.write_text(out, page.render(m, []))
     return out
+
+
+def _link(target: Path, base: Path) -> str:
+    """A relative URL from `base` to `target`, never one a browser reads as a scheme: a run
+    directory named `javascript:alert(1)` is a path, percent-encoded, below `./`."""
+    rel = Path(os.path.relpath(target, base)).as_posix()
+    return quote(rel if rel.startswith("../") else f"./{rel}")
 
 
 def budget_of(run_dir: Path) -> float | None:

@@ -25,6 +25,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="give quick rows (trial/category) a ratio against published figures")
     args = p.parse_args(argv)
     if args.index:
+        if not Path(args.index).is_dir():
+            print(f"raybench: --index {args.index}: no such directory. Fix: pass the results "
+                  "root a sweep wrote to (output.root, default ./results)", file=sys.stderr)
+            return 2
         print(write_index(Path(args.index), Path(args.output) if args.output else None))
         return 0
     if args.history:
@@ -42,16 +46,34 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.runs:
         p.error("give run directories, --index RESULTS_ROOT or --history RESULTS_ROOT")
-    missing = [r for r in args.runs if not (Path(r) / "results.parquet").exists()]
-    if missing:
-        print(f"raybench: {missing[0]} has no results.parquet. Fix: pass a run directory "
-              "written by python -m raybench.sweep", file=sys.stderr)
-        return 2
+    for r in args.runs:
+        problem = _unusable(Path(r))
+        if problem:
+            print(f"raybench: {problem}", file=sys.stderr)
+            return 2
     out = Path(args.output) if args.output else Path(args.runs[0]) / (
         "report.html" if len(args.runs) == 1 else "comparison.html")
     budget = args.memory_budget_mb or budget_of(Path(args.runs[0]))
     print(write([Path(r) for r in args.runs], out, budget, args.allow_quick))
     return 0
+
+
+def _unusable(run: Path) -> str | None:
+    """Why a run directory cannot be reported, as a paragraph; None when it can."""
+    from raybench.results import UnreadableTable, read_rows
+
+    table = run / "results.parquet"
+    if not table.is_file():
+        return (f"{run} has no results.parquet. Fix: pass a run directory written by python -m "
+                "raybench.sweep")
+    try:
+        rows = read_rows(table)
+    except UnreadableTable as e:
+        return str(e)
+    if rows.empty:
+        return (f"{table} holds no rows yet. Fix: report it once a trial has finished (a "
+                "sweep writes each trial's row as it ends)")
+    return None
 
 
 if __name__ == "__main__":

@@ -228,3 +228,23 @@ def test_shared_storage_that_cannot_be_written_is_named(tmp_path, on_s3):
     text = SWEEP.replace("output: {root: RESULTS}", f"output: {{root: RESULTS, storage: {where}}}")
     assert_rejected(tmp_path, run_cli(tmp_path, text), "output.storage", where,
                     "cannot write to", "AWS_ENDPOINT_URL")
+
+
+def test_resume_of_a_run_whose_table_is_damaged_names_it(tmp_path):
+    """Exit 2 naming the table and the command that rebuilds it (issue 41, item 7)."""
+    import yaml
+
+    from raybench.spec import load_sweep
+
+    run = tmp_path / "run"
+    run.mkdir()
+    path = tmp_path / "sweep.yaml"
+    path.write_text(textwrap.dedent(SWEEP).replace("RESULTS", str(tmp_path / "results")))
+    (run / "sweep.yaml").write_text(yaml.safe_dump(load_sweep(path).to_yaml_dict()))
+    (run / "results.parquet").write_bytes(b"PAR1 cut short")
+    proc = run_cli(tmp_path, None, "--resume", "--output", str(run))
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    err = proc.stderr.strip().splitlines()[-1]
+    assert f"{run / 'results.parquet'} cannot be read" in err
+    assert f"python -m raybench.rebuild {run}" in err
+    assert (run / "results.parquet").read_bytes() == b"PAR1 cut short"

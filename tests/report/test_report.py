@@ -262,7 +262,7 @@ def test_index_and_history_pages(tmp_path):
         FRAME.assign(run_id=name).to_parquet(run / "results.parquet")
         write([run], run / "report.html")
     index = write_index(tmp_path).read_text()
-    assert index.count("<a href='sweep/") == 2
+    assert index.count("<a href='./sweep/") == 2
     assert "data-v='400.0'" in index  # best samples/s of each run
     history_frame([100.0, 101.0, 80.0]).to_parquet(tmp_path / "history.parquet")
     hist = write_history(tmp_path, tmp_path / "history.html").read_text()  # read in place
@@ -397,6 +397,53 @@ def test_report_command_options(tmp_path, capsys):
     assert (tmp_path / "r.html").read_text().startswith("<!DOCTYPE html>")
     assert main(["--history", str(tmp_path / "nothing")]) == 2
     assert "holds no history" in capsys.readouterr().err
+    # issue 41, item 13: exit 2 naming the path, never a traceback
+    assert main(["--index", str(tmp_path / "nothing")]) == 2
+    assert "no such directory" in capsys.readouterr().err
+    assert not (tmp_path / "nothing").exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    FRAME.iloc[:0].to_parquet(empty / "results.parquet")
+    assert main([str(empty)]) == 2
+    assert f"{empty / 'results.parquet'} holds no rows" in capsys.readouterr().err
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    (cut / "results.parquet").write_bytes((run / "results.parquet").read_bytes()[:300])
+    assert main([str(cut)]) == 2
+    err = capsys.readouterr().err
+    assert f"{cut / 'results.parquet'} cannot be read" in err and "raybench.rebuild" in err
+
+
+def test_index_lists_a_damaged_run_and_links_only_paths(tmp_path):
+    """A run directory named like a URL scheme is linked as a path; a damaged table is listed
+    as such and the other runs still are (issue 41, items 13 and 14)."""
+    from raybench.report import write, write_index
+
+    for name in ("javascript:alert(1)", "cut"):
+        run = tmp_path / "s" / name
+        run.mkdir(parents=True)
+        FRAME.to_parquet(run / "results.parquet")
+        write([run], run / "report.html")
+    cut = tmp_path / "s" / "cut" / "results.parquet"
+    cut.write_bytes(cut.read_bytes()[:300])
+    index = write_index(tmp_path).read_text()
+    assert "href='./s/javascript%3Aalert%281%29/report.html'" in index
+    assert "href='javascript" not in index
+    assert "unreadable" in index and "cut/results.parquet cannot be read" in index
+
+
+def test_markdown_shows_values_as_text_never_markup(tmp_path):
+    from raybench.report import write
+
+    run = tmp_path / "run"
+    run.mkdir()
+    evil = "<b onmouseover=alert(1)>x</b><!--"
+    FRAME.assign(**{"workload.note": [evil, "a", "b", "c", "d", "e"], "sweep": evil}
+                 ).to_parquet(run / "results.parquet")
+    write([run], run / "report.html")
+    md = (run / "benchmark_report.md").read_text()
+    assert "<b" not in md and "<!--" not in md
+    assert "&lt;b onmouseover=alert(1)&gt;x&lt;/b&gt;&lt;!--" in md
 
 
 def test_a_report_killed_while_written_leaves_the_old_page_whole(tmp_path, monkeypatch):
