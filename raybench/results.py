@@ -126,7 +126,12 @@ def history_root(spec: SweepSpec, override: str | None) -> Path:
     """Where the history lives (history.py): the results root, or beside an explicit run
     directory."""
     explicit = override or spec.output.dir
-    return Path(explicit).resolve().parent if explicit else Path(spec.output.root).resolve()
+    root = Path(spec.output.root).resolve()
+    if not explicit:
+        return root
+    run = Path(explicit).resolve()
+    # a run under <root>/<name>/ named explicitly (`--resume --output RUN`) keeps its root's
+    return root if run.parent == root / spec.name else run.parent
 
 
 def code_version() -> str:
@@ -151,7 +156,9 @@ def write_report(out: Path) -> str | None:
         from raybench import report
 
         return str(report.write([out], out / "report.html", report.budget_of(out)))
-    except Exception:  # the table is the record; the page is a view of it
+    except Exception as e:  # the table is the record; the page is a view of it
+        if store.no_space(e):
+            raise  # the sweep ends with exit 2, saying where
         log.exception("could not write the report for %s", out)
         return None
 
@@ -361,7 +368,7 @@ class RowWriter:
                 try:
                     self.history.append(row)
                 except Exception as e:  # a sink: the run's own table has the row
-                    if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+                    if store.no_space(e):
                         raise  # the next row could not be written either: stop here
                     log.warning("could not add trial %s to the history under %s (%s); "
                                 "`--resume` on this run adds it", row.get("trial_key"),

@@ -11,6 +11,7 @@ Locations are plain strings joined with "/": `pathlib` would fold a URI's "//".
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import posixpath
@@ -110,6 +111,15 @@ def write_bytes(loc: str | Path, data: bytes) -> None:
     fs, path = resolve(loc)
     with fs.open_output_stream(path) as f:
         f.write(data)
+
+
+def no_space(e: BaseException) -> bool:
+    """The filesystem (or a quota) is full: Python's own errors carry the errno; pyarrow's
+    writers raise an OSError that only says it ("[errno 28] No space left on device")."""
+    if not isinstance(e, OSError):
+        return False
+    return e.errno in (errno.ENOSPC, errno.EDQUOT) or any(
+        s in str(e) for s in ("[errno 28]", "[Errno 28]", "No space left", "Disk quota"))
 
 
 def write_text(loc: str | Path, text: str) -> None:

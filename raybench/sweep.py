@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from raybench import cli, fingerprint, interrupts, runners, workloads
+from raybench import cli, fingerprint, interrupts, runners, store, workloads
 from raybench.data.stage import PreprocessSpec
 from raybench.grid import TrialSpec, stage_variants
 from raybench.history import History
@@ -126,6 +126,19 @@ def _run(args: argparse.Namespace, t0: float, started: bool) -> int:
         print(f"raybench: {e}", file=sys.stderr)
         if not args.resume and out.is_dir() and not any(out.iterdir()):
             out.rmdir()
+        return cli.EXIT_INVALID
+    except OSError as e:
+        if not store.no_space(e):
+            raise
+        # every file is written whole or not at all: what is on disk is a shorter run
+        if not args.resume and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
+        then = (f"run the same command with --resume --output {out}: the rows written so far "
+                "are whole, and the rest run then" if out.is_dir()
+                else "run the same command again")
+        print(f"raybench: no space left at {out} ({str(e).splitlines()[0][:160]}). Fix: free "
+              f"space on that filesystem (or choose another --output or output.root), then "
+              f"{then}", file=sys.stderr)
         return cli.EXIT_INVALID
     return cli.finish(summary)
 

@@ -248,3 +248,35 @@ def test_resume_of_a_run_whose_table_is_damaged_names_it(tmp_path):
     assert f"{run / 'results.parquet'} cannot be read" in err
     assert f"python -m raybench.rebuild {run}" in err
     assert (run / "results.parquet").read_bytes() == b"PAR1 cut short"
+
+
+def test_a_full_disk_stops_with_exit_2_and_whole_files_and_resume_finishes(tmp_path,
+                                                                           monkeypatch):
+    """The filesystem fills as the second trial's row is written (issue 41, item 2): exit 2
+    naming the run, the first row whole in the table and the history, no temporary left;
+    `--resume` once there is space runs the second trial and nothing twice."""
+    import errno
+
+    from raybench import history, results
+
+    real, calls = results.write_parquet, []
+
+    def fills(frame, path):
+        calls.append(path)
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(frame, path)
+
+    monkeypatch.setattr(results, "write_parquet", fills)
+    proc = run_cli(tmp_path, SWEEP)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    run = next((tmp_path / "results" / "tiny").iterdir())
+    assert f"no space left at {run}" in proc.stderr and "--resume" in proc.stderr
+    assert len(pd.read_parquet(run / "results.parquet")) == 1
+    assert not [p for p in run.rglob(".*") if p.is_file()]
+    monkeypatch.setattr(results, "write_parquet", real)
+    proc = run_cli(tmp_path, None, "--resume", "--output", str(run))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = pd.read_parquet(run / "results.parquet")
+    assert len(rows) == 2 and rows["trial_key"].nunique() == 2
+    assert len(history.read(tmp_path / "results")) == 2
