@@ -9,14 +9,18 @@ back into objects: Parquet and JSON only.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import json
 import logging
 import math
 import os
+import socket
 import subprocess
+import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -72,10 +76,37 @@ def run_directory(spec: SweepSpec, override: str | None, resume: bool = False) -
     except OSError as e:
         raise SpecError(spec.source, "output.dir", str(out), f"cannot be written ({e.strerror})",
                         "choose a writable directory with --output or output.root") from None
-    for stale in out.glob(".*.*"):  # temporaries of a driver killed mid-write: never read
-        if stale.name.startswith((".results.", ".history.")) and stale.is_file():
-            stale.unlink(missing_ok=True)
     return out.resolve()
+
+
+LOCK = ".lock"
+
+
+@contextlib.contextmanager
+def writing(out: Path, source: str) -> Iterator[None]:
+    """Hold the run directory for this sweep: a second sweep into it (a `--resume` while this
+    one still runs) would run its pending trials a second time, at the same moment. The lock is
+    the kernel's (flock), so it ends with this process however it ends, a SIGKILL included;
+    the file says who holds it."""
+    path = out / LOCK
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = Path(path).read_text().strip() or "another process"
+            raise SpecError(source, "--output", str(out), f"is being written by a sweep still "
+                            f"running ({holder})", "wait for it to finish or stop it, then "
+                            "run with --resume; or start a new run without --resume") from None
+        for stale in out.glob(".*.*"):  # temporaries of a driver killed mid-write: never read
+            if stale.name.startswith((".results.", ".history.")) and stale.is_file():
+                stale.unlink(missing_ok=True)  # (only once the lock says no writer is left)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since {now()}: "
+                     f"{' '.join(sys.argv)[:300]}".encode())
+        yield
+    finally:
+        os.close(fd)  # releases the lock; the file stays, read only by the next refusal
 
 
 def _new_run_dir(base: Path) -> Path:
@@ -491,8 +522,8 @@ def publish(out: Path, storage: str, sweep: str) -> str:
     local = pafs.LocalFileSystem()
     for item in sorted(out.resolve().rglob("*")):
         rel = item.relative_to(out.resolve())
-        if rel.parts[0] == "ray":  # Tune/Train's local leftovers; its storage is already there
-            continue
+        if rel.parts[0] in ("ray", LOCK):  # Tune/Train's leftovers (its storage is already
+            continue  # there), and the lock of the sweep that wrote the run
         if item.is_dir():  # object stores have no folders, local and shared filesystems do
             fs.create_dir(f"{path}/{rel.as_posix()}", recursive=True)
         else:

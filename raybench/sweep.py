@@ -26,6 +26,7 @@ from raybench.history import History
 from raybench.progress import Progress
 from raybench.records import TrialOutcome
 from raybench.results import (
+    LOCK,
     ResultsTable,
     RowWriter,
     UnreadableTable,
@@ -36,6 +37,7 @@ from raybench.results import (
     run_facts,
     write_report,
     write_run_files,
+    writing,
 )
 from raybench.runners import Runner
 from raybench.search import search_all
@@ -120,19 +122,18 @@ def _run(args: argparse.Namespace, t0: float, started: bool) -> int:
         return cli.EXIT_INVALID
     history = History(history_root(spec, args.output), code_version())
     try:
-        runner = runners.make(args.runner, spec, out, args.address, started)
-        summary = run_sweep(spec, trials, out, runner, history, args.jsonl, t0)
+        with writing(out, spec.source):
+            runner = runners.make(args.runner, spec, out, args.address, started)
+            summary = run_sweep(spec, trials, out, runner, history, args.jsonl, t0)
     except (SpecError, UnreadableTable) as e:  # found before anything was written
         print(f"raybench: {e}", file=sys.stderr)
-        if not args.resume and out.is_dir() and not any(out.iterdir()):
-            out.rmdir()
+        _remove_if_unused(out, args.resume)
         return cli.EXIT_INVALID
     except OSError as e:
         if not store.no_space(e):
             raise
         # every file is written whole or not at all: what is on disk is a shorter run
-        if not args.resume and out.is_dir() and not any(out.iterdir()):
-            out.rmdir()
+        _remove_if_unused(out, args.resume)
         then = (f"run the same command with --resume --output {out}: the rows written so far "
                 "are whole, and the rest run then" if out.is_dir()
                 else "run the same command again")
@@ -141,6 +142,13 @@ def _run(args: argparse.Namespace, t0: float, started: bool) -> int:
               f"{then}", file=sys.stderr)
         return cli.EXIT_INVALID
     return cli.finish(summary)
+
+
+def _remove_if_unused(out: Path, resume: bool) -> None:
+    """A new run's directory that nothing was written to (its lock file aside)."""
+    if not resume and out.is_dir() and all(p.name == LOCK for p in out.iterdir()):
+        (out / LOCK).unlink(missing_ok=True)
+        out.rmdir()
 
 
 def _indices(text: str) -> set[int] | None:

@@ -273,10 +273,44 @@ def test_a_full_disk_stops_with_exit_2_and_whole_files_and_resume_finishes(tmp_p
     run = next((tmp_path / "results" / "tiny").iterdir())
     assert f"no space left at {run}" in proc.stderr and "--resume" in proc.stderr
     assert len(pd.read_parquet(run / "results.parquet")) == 1
-    assert not [p for p in run.rglob(".*") if p.is_file()]
+    assert not [p for p in run.rglob(".*") if p.is_file() and p.name != ".lock"]
     monkeypatch.setattr(results, "write_parquet", real)
     proc = run_cli(tmp_path, None, "--resume", "--output", str(run))
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = pd.read_parquet(run / "results.parquet")
     assert len(rows) == 2 and rows["trial_key"].nunique() == 2
     assert len(history.read(tmp_path / "results")) == 2
+
+
+def test_a_run_still_being_written_is_refused_until_its_sweep_ends(tmp_path):
+    """`--resume` on a run whose sweep still runs exits 2 naming that sweep, and nothing is
+    run twice; once that sweep is gone (even by SIGKILL) the run is free (issue 41, item 5)."""
+    import signal
+
+    import yaml
+
+    from raybench import results
+    from raybench.spec import load_sweep
+
+    run = tmp_path / "run"
+    run.mkdir()
+    path = tmp_path / "sweep.yaml"
+    path.write_text(textwrap.dedent(SWEEP).replace("RESULTS", str(tmp_path / "results")))
+    (run / "sweep.yaml").write_text(yaml.safe_dump(load_sweep(path).to_yaml_dict()))
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom pathlib import Path\n"
+         "from raybench.results import writing\nwith writing(Path(sys.argv[1]), 'x'):\n"
+         "    print('held', flush=True)\n    time.sleep(600)\n", str(run)],
+        cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        proc = run_cli(tmp_path, None, "--resume", "--output", str(run))
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        err = proc.stderr.strip().splitlines()[-1]
+        assert f"is being written by a sweep still running (pid {holder.pid} on" in err, err
+        assert not (run / "results.parquet").exists() and not (run / "trials").exists()
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=60)
+    with results.writing(run, "x"):  # the kernel released the killed holder's lock
+        pass
