@@ -7,11 +7,14 @@ trial after another. Imports no Ray, so it works where Ray is not installed.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -87,14 +90,15 @@ def _spawn(trial: TrialSpec, trace_dir: str | None) -> list[dict[str, Any]]:
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
         result = Path(tmp) / "records.json"
-        mp.spawn(_rank_main, args=(trial, port, str(result), trace_dir),
+        mp.spawn(_rank_main, args=(trial, port, str(result), trace_dir, os.getpid()),
                  nprocs=trial.hardware.world_size, join=True)
         return json.loads(result.read_text())
 
 
 def _rank_main(rank: int, trial: TrialSpec, port: int, result: str,
-               trace_dir: str | None) -> None:
+               trace_dir: str | None, driver: int) -> None:
     entry = time.time()
+    end_with(driver)
     hw = trial.hardware
     if hw.use_gpu and hw.world_size > 1:  # to read back which network NCCL chose
         os.environ.update(fabric.debug_env(trial.key))
@@ -117,6 +121,29 @@ def _rank_main(rank: int, trial: TrialSpec, port: int, result: str,
     finally:
         torch.distributed.destroy_process_group()
     leave_rank()
+
+
+def end_with(driver: int) -> None:
+    """This rank ends when the driver that spawned it does, however it ends: a SIGKILLed
+    driver's ranks otherwise ran on with parent 1 for the rest of their trial, taking the cores
+    a `--resume` then measures on. Linux's parent-death signal (prctl), set before any work;
+    elsewhere a thread that watches the parent."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux
+        threading.Thread(target=_watch, args=(driver,), daemon=True, name="raybench-parent"
+                         ).start()
+    if os.getppid() != driver:  # the driver died before the signal was set
+        os._exit(1)
+
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _watch(driver: int) -> None:
+    while os.getppid() == driver:
+        time.sleep(1.0)
+    os._exit(1)
 
 
 def leave_rank() -> None:
