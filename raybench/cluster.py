@@ -18,6 +18,26 @@ log = logging.getLogger(__name__)
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 
+# Whether Ray's own console output reaches this terminal: Tune's experiment box, the Train
+# controller's resource lines, the workers' output, Ray's warnings. Off by default (`--verbose`
+# turns it on): the terminal is raybench's progress, one line per finished trial and the
+# summary; Ray's output stays in its session's log files. Read at ray.init and by Tune.
+_verbose = False
+
+
+def show_ray_output(verbose: bool) -> None:
+    global _verbose
+    _verbose = verbose
+    if not verbose:  # Tune's new output prints its experiment box at any verbosity; the
+        os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # older one is silent at verbose=0
+
+
+def _console() -> dict[str, Any]:
+    """ray.init's settings for the console (see _verbose)."""
+    return {"log_to_driver": _verbose,
+            "logging_level": logging.WARNING if _verbose else logging.ERROR}
+
+
 def target(address: str | None) -> str | None:
     """The cluster address to join, or None for an embedded local Ray."""
     return address or os.environ.get("RAY_ADDRESS") or None
@@ -54,7 +74,8 @@ def connect(address: str | None) -> bool:
         return False
     if addr:
         log.info("joining Ray cluster at %s", addr)
-        ray.init(address=addr, logging_level=logging.WARNING, log_to_driver=True)
+        ray.init(address=addr, **_console())
+        _say_where_ray_logs()
         return False
     shape = local_shape()
     log.info("starting an embedded Ray: %g CPUs, %g GPUs", shape["CPU"], shape["GPU"])
@@ -63,9 +84,17 @@ def connect(address: str | None) -> bool:
     # one raybench_node token: what `concurrency: per_node` trials hold a node by (plan.py)
     ray.init(num_cpus=int(shape["CPU"]), num_gpus=int(shape["GPU"]),
              resources={"raybench_node": 1},
-             include_dashboard=True, dashboard_host="127.0.0.1",
-             logging_level=logging.WARNING, log_to_driver=True)
+             include_dashboard=True, dashboard_host="127.0.0.1", **_console())
+    _say_where_ray_logs()
     return True
+
+
+def _say_where_ray_logs() -> None:
+    if not _verbose:
+        log.info("Ray's own output (its workers', Tune's, Train's) goes to the log files of "
+                 "Ray session %s (logs/ in its session folder, /tmp/ray/session_latest on the "
+                 "head node by default); --verbose shows it here",
+                 ray.get_runtime_context().get_session_name())
 
 
 def shutdown() -> None:

@@ -58,7 +58,9 @@ class Progress:
             return (now - self.start) / self.done
         return (now - self.first_done) / (self.done - 1)
 
-    def advance(self, detail: str = "", n: int = 1) -> None:
+    def advance(self, detail: str = "", n: int = 1, keep: bool = False) -> None:
+        """`keep`: on a terminal the detail (a finished trial) stays as a line of its own
+        above the bar, rather than being redrawn over by the next."""
         if self.done == 0 and n == 1:
             self.first_done = self.clock()
         self.done += n
@@ -66,6 +68,9 @@ class Progress:
         if not self.tty:
             log.info("progress: %s", text)
             return
+        if keep and detail:
+            self.stream.write(f"\r\033[K{detail}\n")
+            text = self.line()
         filled = round(BAR * self.done / self.total) if self.total else 0
         bar = f"[{'#' * filled}{'-' * (BAR - filled)}] " if self.total else ""
         end = "\n" if self.total and self.done >= self.total else ""

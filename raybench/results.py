@@ -319,9 +319,12 @@ class RowWriter:
         if missing:
             log.info("history: added %d row(s) of %s that it lacked", len(missing), self.run_id)
 
-    def write(self, trial: TrialSpec, outcome: TrialOutcome) -> None:
+    def write(self, trial: TrialSpec, outcome: TrialOutcome, say: bool = True) -> None:
+        """`say`: log the trial's line (`finished`); False where a progress line says it."""
         with interrupts.row_section():  # a Ctrl-C waits until row, trial file and history agree
             row, trial_file = self._write(trial, outcome)
+        if say:
+            log.info("%s", finished(trial, outcome))
         for sink in self.sinks:
             sink(row, trial_file)
 
@@ -344,9 +347,6 @@ class RowWriter:
         self.done[trial.key] = outcome.status
         # what a search needs to judge a probe; raw records stay in the trial JSON only
         self.outcomes[trial.key] = TrialOutcome(status=outcome.status, metrics=outcome.metrics)
-        thr = headline(outcome.metrics)
-        log.info("trial %d %s: %s%s", trial.index, trial.key, outcome.status,
-                 f", {thr:.1f} samples/s" if thr else f" ({(outcome.error or '')[:200]})")
         return row, trial_file
 
     def write_stage(self, key: str, outcome: TrialOutcome, start: str) -> None:
@@ -429,6 +429,13 @@ class RowWriter:
             **({"resumed_rows": self.resumed} if self.resumed else {}),
             "elapsed_s": round(elapsed_s, 1),
         }
+
+
+def finished(trial: TrialSpec, outcome: TrialOutcome) -> str:
+    """A finished trial in a line: `trial 3 70ba71e0b3cc: ok, 119.8 samples/s`."""
+    thr = headline(outcome.metrics)
+    return (f"trial {trial.index} {trial.key}: {outcome.status}"
+            + (f", {thr:.1f} samples/s" if thr else f" ({(outcome.error or '')[:200]})"))
 
 
 def trial_line(row: dict[str, Any]) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from raybench.results import (
     RowWriter,
     UnreadableTable,
     code_version,
+    finished,
     history_root,
     now,
     publish,
@@ -49,6 +50,10 @@ log = logging.getLogger("raybench.sweep")
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     cli.setup_logging()
+    if args.runner == "ray":
+        from raybench import cluster
+
+        cluster.show_ray_output(args.verbose)
     t0 = time.monotonic()
     started = _ray_beside_the_workload(args)
     try:
@@ -173,6 +178,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="print the plan and run nothing")
     p.add_argument("--output", help="run directory (default <output.root>/<name>/<UTC time>)")
     p.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else embedded)")
+    p.add_argument("--verbose", action="store_true",
+                   help="show Ray's own output here too (Tune, Train's controller, the "
+                   "workers' output, Ray's warnings); by default it goes to Ray's log files")
     p.add_argument("--resume", action="store_true",
                    help="finish an interrupted run: the --output directory, else the newest run "
                    "of this sweep; trials that have a row are not run again")
@@ -261,8 +269,8 @@ def run_sweep(spec: SweepSpec, trials: list[TrialSpec], out: Path, runner: Runne
 def _with_progress(writer: RowWriter, progress: Progress):
     """The runner's `done`: the row first, then the progress line."""
     def write(t: TrialSpec, outcome: TrialOutcome) -> None:
-        writer.write(t, outcome)
-        progress.advance(f"trial {t.index} {outcome.status}")
+        writer.write(t, outcome, say=False)
+        progress.advance(finished(t, outcome), keep=True)  # one line per finished trial
     return write
 
 

@@ -73,3 +73,15 @@ def test_open_ended_work_counts_without_an_estimate():
     p.done = 3
     assert p.line("trial 5 ok") == "probes 3, 1 h 02 min; trial 5 ok"
     assert duration(59.6) == "1 min 00 s"
+
+
+def test_finished_trials_stay_as_lines_above_the_bar_on_a_terminal():
+    clock, tty = Clock(), Tty()
+    p = Progress(2, "trials", stream=tty, clock=clock)
+    clock.t += 5
+    p.advance("trial 0 abc: ok, 10.0 samples/s", keep=True)
+    clock.t += 5
+    p.advance("trial 1 def: oom (out of memory)", keep=True)
+    shown = [line.rsplit("\r\033[K", 1)[-1] for line in tty.getvalue().split("\n")]
+    assert shown == ["trial 0 abc: ok, 10.0 samples/s", "trial 1 def: oom (out of memory)",
+                     "[########################] trials 2/2 (100%), 10 s", ""]

@@ -62,9 +62,16 @@ def test_every_trial_is_an_ok_row_with_throughput(local_sweep):
     assert sorted(df["hardware.cpu_workers"]) == [1, 2]
     assert (df["hardware.env.RB_E2E_MARK"] == "on-ray").all()
     # not a terminal: a plain progress line per trial, the last one complete
-    assert re.search(r"progress: trials 1/2 \(50%\), \d+ s, about \d+ s left; trial \d ok",
-                     stdout), stdout[-2000:]
+    assert re.search(r"progress: trials 1/2 \(50%\), \d+ s, about \d+ s left; trial \d "
+                     r"[0-9a-f]{12}: ok, [0-9.]+ samples/s", stdout), stdout[-2000:]
     assert "progress: trials 2/2 (100%)" in stdout
+    # and only raybench's lines: one per finished trial, none of Ray's own console output
+    # (Tune's experiment box, Train's controller lines), which --verbose shows (issue 41, 17)
+    for key in df["trial_key"]:
+        assert len([line for line in stdout.splitlines() if key in line]) == 1, stdout[-3000:]
+    for ray_text in ("Configuration for experiment", "Number of trials", "TrainController",
+                     "View detailed results", "world_rank", "Token authentication"):
+        assert ray_text not in stdout, (ray_text, stdout[-3000:])
     # where each trial's time outside its window went: every phase stamped and none negative;
     # one rank's phases follow each other, so together they fit in the fixed cost (with more
     # ranks each phase is the slowest rank's, and those may overlap)
