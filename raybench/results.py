@@ -183,6 +183,8 @@ def code_version() -> str:
 
 def write_report(out: Path) -> str | None:
     """`report.html` (+ .md/.json) of a finished run; a report that fails never fails a sweep."""
+    if not (out / "results.parquet").exists():  # interrupted before its first row
+        return None
     try:
         from raybench import report
 

@@ -154,7 +154,9 @@ class MeasureSpec(Strict):
 class ExecutionSpec(Strict):
     """How trials are launched; placement that never happens must fail fast, not hang."""
 
-    start_timeout_s: float = Field(30.0, gt=0, description="worker group placement deadline")
+    start_timeout_s: float = Field(
+        30.0, gt=0, description="worker group placement deadline; as long again for the "
+        "workers to start, after which a trial whose workers never came up is an error row")
     concurrency: Literal["exclusive", "per_node", "pack"] = Field(
         "exclusive", description="exclusive: one trial at a time on the cluster; per_node: trials "
         "side by side, each alone on its node(s); pack: side by side sharing nodes, never a GPU")

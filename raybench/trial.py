@@ -88,6 +88,8 @@ def train_loop(config: dict[str, Any]) -> TrialOutcome | None:
     Only this stub is what the Tune trial process holds (it pickles the function by reference,
     so it imports the module that defines it): the ranks' module, with torch and the
     workloads, is loaded where it runs."""
+    if config.get("starts") is not None and ray.train.get_context().get_world_rank() == 0:
+        config["starts"].up.remote(config["run"])  # every rank's process is up by now
     from raybench.rank import run_trials
 
     return run_trials(config)
@@ -116,6 +118,44 @@ class Handoff:
 
 
 @ray.remote(num_cpus=0)
+class Starts:
+    """Which Train runs' workers have come up: rank 0 says so as Ray Train calls its function,
+    which is after every worker of the group has started. Ray Train bounds the wait for a
+    placement (RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S) but not for the worker processes that
+    follow: a worker that cannot start (a `hardware.env` that breaks Python, a runtime
+    environment that fails on a node) left its controller waiting for ever. One per sweep."""
+
+    def __init__(self) -> None:
+        self._up: dict[str, asyncio.Event] = {}
+
+    def _event(self, run: str) -> asyncio.Event:
+        return self._up.setdefault(run, asyncio.Event())
+
+    async def up(self, run: str) -> None:
+        self._event(run).set()
+
+    async def wait(self, run: str) -> bool:
+        await self._event(run).wait()
+        return True
+
+
+def start_deadline(execution: ExecutionSpec) -> float:
+    """Seconds from a Train run's start to its workers' function: the placement's deadline,
+    then as long again for the processes to start (9-14 s for two ranks on a 2-core machine)."""
+    return 2 * execution.start_timeout_s
+
+
+def never_started(execution: ExecutionSpec, hw: HardwareSpec) -> TrialOutcome:
+    env = f" with hardware.env {dict(hw.env)}" if hw.env else ""
+    return TrialOutcome.failed(
+        "error", f"the trial's workers did not start{env} within {start_deadline(execution):g} "
+        f"s (execution.start_timeout_s={execution.start_timeout_s:g} s to be placed, as long "
+        "again to start): a worker process that cannot start (an environment variable that "
+        "breaks Python, a runtime environment that fails, a broken Python on a node); Ray's "
+        "logs on that node (raylet.out, worker-*.err) say why")
+
+
+@ray.remote(num_cpus=0)
 class Parcels:
     """Trials' files on their way from rank 0's node to the driver (artifacts.py): rank 0
     puts them, the driver takes them before it writes the trial's row. Created by the Ray
@@ -138,7 +178,7 @@ class Parcels:
 def tune_entry(config: dict[str, Any], trials: list[TrialRef], groups: list[list[int]],
                storage: str, trials_dir: str, execution: ExecutionSpec, cwd: str,
                strategies: dict[str, str], handoff: Any = None, parcels: Any = None,
-               last: int | None = None) -> None:
+               last: int | None = None, starts: Any = None) -> None:
     """One Tune function trial: run one worker group's trials (plan.worker_groups; one trial
     under process isolation) and report each outcome to the driver as it ends, with the
     trial's position in `trials`. Group `last` ends with its last outcome, without waiting for
@@ -156,7 +196,7 @@ def tune_entry(config: dict[str, Any], trials: list[TrialRef], groups: list[list
     strategy = strategies[group[0].key]
     if len(group) == 1:
         outcomes = [(0, run_trial(group[0], storage, trials_dir, execution, cwd, strategy,
-                                  trial_start=entry, parcels=parcels))]
+                                  trial_start=entry, parcels=parcels, starts=starts))]
     else:
         outcomes = run_group(group, storage, trials_dir, execution, cwd, strategy, entry,
                              handoff, members, parcels, wait_end=config["group"] != last)
@@ -169,16 +209,24 @@ def tune_entry(config: dict[str, Any], trials: list[TrialRef], groups: list[list
 
 def run_trial(trial: TrialRef, storage: str, trials_dir: str, execution: ExecutionSpec,
               cwd: str | None = None, strategy: str = "PACK",
-              trial_start: float | None = None, parcels: Any = None) -> TrialOutcome:
+              trial_start: float | None = None, parcels: Any = None,
+              starts: Any = None) -> TrialOutcome:
     """Fit one trial; a worker process that died is retried up to `execution.max_retries` times
-    on fresh workers. Returns {status, error, metrics, ...} with `trial/retries`, never raises."""
+    on fresh workers. Returns {status, error, metrics, ...} with `trial/retries`, never raises.
+    `starts` (a Starts actor): the trial is an error row when its workers have not started by
+    `start_deadline`, its fit left to end with this process (Tune's trial: its Train
+    controller, and the controller's workers and placement, are owned by it)."""
     lost: list[str] = []
     while True:
         start = time.monotonic()
         fit_start = time.time()
+        trainer = _trainer([trial], None, storage, trials_dir, execution, cwd, strategy,
+                           len(lost), parcels=parcels, starts=starts)
         try:
-            result = _trainer([trial], None, storage, trials_dir, execution, cwd, strategy,
-                              len(lost), parcels=parcels).fit()
+            result = _fit_watched(trainer, starts, run_name([trial], len(lost)), execution)
+        except _NeverStarted:
+            return _finish(never_started(execution, trial.hardware), lost, strategy,
+                           execution, 0, trial.hardware.world_size)
         except Exception as e:  # a failed trial is a row, never a lost sweep
             out = failure(e, trial.resources)
         else:
@@ -231,10 +279,20 @@ def run_group(trials: list[TrialRef], storage: str, trials_dir: str, execution: 
         thread.start()
         started: dict[int, float] = {}
         finished = 0
+        deadline = time.monotonic() + start_deadline(execution)
         while True:
+            up = started or finished
             try:  # no polling while trials measure: the fit's end is a message too
-                kind, n, payload = queue.get(timeout=60)
+                kind, n, payload = queue.get(
+                    timeout=60 if up else max(0.1, min(60.0, deadline - time.monotonic())))
             except Empty:
+                if not up and thread.is_alive() and time.monotonic() >= deadline:
+                    # none of the group's workers came up (see Starts): none of its trials,
+                    # all of one shape and environment, can start; the fit is left behind
+                    for i in pending:
+                        yield i, _finish(never_started(execution, trials[i].hardware),
+                                         lost.get(i, []), strategy, execution, 0, ranks)
+                    return
                 if thread.is_alive():
                     continue
                 break
@@ -275,6 +333,40 @@ def run_group(trials: list[TrialRef], storage: str, trials_dir: str, execution: 
         yield i, _finish(out, reasons, strategy, execution, finished, ranks)
         begin = time.time()
         pending = pending[finished + 1:]
+
+
+class _NeverStarted(Exception):
+    pass
+
+
+def _fit_watched(trainer: DataParallelTrainer, starts: Any, run: str,
+                 execution: ExecutionSpec) -> Any:
+    """`trainer.fit()`, or _NeverStarted once `start_deadline` passes with no word from its
+    rank 0 (see Starts); then the fit thread is left behind, waiting in Ray Train."""
+    if starts is None:
+        return trainer.fit()
+    box: dict[str, Any] = {}
+
+    def fit() -> None:
+        try:
+            box["result"] = trainer.fit()
+        except BaseException as e:  # handed to the caller's thread
+            box["error"] = e
+
+    thread = threading.Thread(target=fit, daemon=True, name="raybench-fit")
+    thread.start()
+    up = starts.wait.remote(run)
+    deadline = time.monotonic() + start_deadline(execution)
+    while thread.is_alive() and time.monotonic() < deadline:
+        ready, _ = ray.wait([up], timeout=min(1.0, max(0.0, deadline - time.monotonic())))
+        if ready:
+            thread.join()  # up: the trial's own time limit (rank.py's watchdog) governs now
+            break
+    if thread.is_alive():
+        raise _NeverStarted()
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
 
 
 def _fit_into(trainer: DataParallelTrainer, box: dict[str, Any], queue: Any) -> None:
@@ -339,9 +431,18 @@ def _worker_env(trial: TrialRef | TrialSpec, execution: ExecutionSpec) -> dict[s
     return {**(fabric.debug_env(trial.key) if nccl else {}), **hw.env}
 
 
+def run_name(trials: list[TrialRef], attempt: int) -> str:
+    """The Train run's name; an attempt never finds an earlier attempt's run state under it."""
+    first = trials[0]
+    name = f"trial_{first.index:04d}_{first.key}"
+    if len(trials) > 1:
+        name = f"group_{first.index:04d}_{first.key}_{len(trials)}"
+    return name + (f"_retry{attempt}" if attempt else "")
+
+
 def _trainer(trials: list[TrialRef], queue: Any, storage: str, trials_dir: str,
              execution: ExecutionSpec, cwd: str | None, strategy: str,
-             attempt: int, **config: Any) -> DataParallelTrainer:
+             attempt: int, starts: Any = None, **config: Any) -> DataParallelTrainer:
     """One Ray Train run for `trials` (one, or a worker group's: one shape, as many ranks as
     the widest, which runs first). `storage`
     is Ray Train's storage path (a local folder or a URI), `trials_dir` where rank 0 writes
@@ -358,9 +459,7 @@ def _trainer(trials: list[TrialRef], queue: Any, storage: str, trials_dir: str,
         # the workers of a trial share one node's token between them, so no other trial's
         # workers can join that node (shares rounded down: Ray counts resources in 1e-4 units)
         per_worker[NODE_TOKEN] = int(10_000 / hw.world_size) / 10_000
-    name = f"trial_{first.index:04d}_{first.key}"
-    if len(trials) > 1:
-        name = f"group_{first.index:04d}_{first.key}_{len(trials)}"
+    name = run_name(trials, attempt)
     return DataParallelTrainer(
         train_loop,
         # the trials by reference (TrialRef): the Train controller unpickles this config for
@@ -368,7 +467,8 @@ def _trainer(trials: list[TrialRef], queue: Any, storage: str, trials_dir: str,
         train_loop_config={"trials": [t.spec for t in trials], "queue": queue,
                            "trace_dir": trials_dir,
                            "cwd": cwd, "logical_gpus": execution.logical_gpus,
-                           "timeout_s": execution.trial_timeout_s, **config},
+                           "timeout_s": execution.trial_timeout_s,
+                           "starts": starts, "run": name, **config},
         backend_config=ProcessGroupConfig(
             backend="nccl" if hw.use_gpu and not execution.logical_gpus else "gloo"),
         scaling_config=ray.train.ScalingConfig(
@@ -376,8 +476,7 @@ def _trainer(trials: list[TrialRef], queue: Any, storage: str, trials_dir: str,
             placement_strategy=strategy,
         ),
         run_config=ray.train.RunConfig(
-            # an attempt never finds an earlier attempt's run state under the same name
-            name=name + (f"_retry{attempt}" if attempt else ""),
+            name=name,
             storage_path=storage,
             # A worker group that cannot be placed must fail once, not be retried forever
             # (controller_failure_limit defaults to -1 in Ray 2.60).

@@ -129,6 +129,9 @@ def _tune(spec, trials: list[TrialSpec], out: Path, done: Done, name: str,
 
         log.info("isolation worker: %d trials on %d worker groups", len(trials), len(groups))
         handoff = Handoff.remote()  # a group's next trial waits until this one's row is written
+    from raybench.trial import Starts
+
+    starts = Starts.remote()  # a trial whose workers never start is a row, not a hang
     parcels = None
     if len(nodes) > 1 or not embedded:  # rank 0 may run where this run directory is not
         from raybench.trial import Parcels
@@ -169,6 +172,7 @@ def _tune(spec, trials: list[TrialSpec], out: Path, done: Done, name: str,
                                  groups=groups,
                                  storage=storage, trials_dir=trials_dir, execution=execution,
                                  cwd=cwd, strategies=strategies, handoff=handoff,
+                                 starts=starts,
                                  parcels=parcels,
                                  # the last group's Train run ends with the Ray that stop() ends
                                  last=len(groups) - 1 if ends_ray else None),

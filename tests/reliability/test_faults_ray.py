@@ -160,3 +160,22 @@ def test_worker_process_killed_mid_trial(tmp_path, retries):
     else:
         assert proc.returncode == 3, log[-3000:]
         assert row["status"] == "lost" and row["trial/retries"] == 0
+
+
+def test_trials_whose_workers_never_start_are_error_rows(tmp_path):
+    """A worker process that cannot start (here a `hardware.env` that breaks Python) left Ray
+    Train's controller waiting for ever: each trial is now an `error` row once twice
+    `execution.start_timeout_s` has passed, and the sweep ends (issue 41, item 9)."""
+    out = tmp_path / "run"
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        sweep_cmd(out, *QUICK, "--set", "grid={batch_size: [4, 8], cpu_workers: [1]}",
+                  "--set", "hardware.env.PYTHONHOME=/nonexistent",
+                  "--set", "execution.start_timeout_s=3", "--set", "execution.isolation=process"),
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
+    df = table(out)
+    assert list(df["status"]) == ["error", "error"]
+    assert df["error"].str.contains("workers did not start with hardware.env "
+                                    "{'PYTHONHOME': '/nonexistent'} within 6 s").all()
+    assert time.monotonic() - t0 < 120
