@@ -3,7 +3,7 @@
 Owns the rank's side of a trial on Ray: its WorkerContext from Ray Train's ranks and device, a
 wall-clock watchdog per trial, the hand-over of each trial's records to the Tune trial (queue)
 and of its files to the driver (Parcels), the wait for the driver's word that a row is written
-(Handoff) and the release of one trial's leftovers before the next. Loaded on the ranks only,
+(trial.Events) and the release of one trial's leftovers before the next. Loaded on the ranks only,
 through trial.train_loop: it imports torch and the workloads, which the Tune trial process and
 the Train controller never need. Does not own the timed loop (worker.py) or the trainer
 (trial.py).

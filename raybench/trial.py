@@ -89,53 +89,38 @@ def train_loop(config: dict[str, Any]) -> TrialOutcome | None:
     so it imports the module that defines it): the ranks' module, with torch and the
     workloads, is loaded where it runs."""
     if config.get("starts") is not None and ray.train.get_context().get_world_rank() == 0:
-        config["starts"].up.remote(config["run"])  # every rank's process is up by now
+        config["starts"].set.remote(config["run"])  # every rank's process is up by now
     from raybench.rank import run_trials
 
     return run_trials(config)
 
 
 @ray.remote(num_cpus=0)
-class Handoff:
-    """The driver's word that a trial's row is on disk (sweep positions of the trials).
+class Events:
+    """Things that happened, by key, for a process elsewhere to wait on. One per sweep for
+    each of two uses:
 
-    A worker group's next trial waits for it: writing a row (table, trial file, the history
-    table, which grows with every sweep) takes the driver's CPU, and on a small machine that
-    would land inside the next trial's measured window. Under process isolation the next
-    trial's start-up covers it."""
-
-    def __init__(self) -> None:
-        self._written: dict[int, asyncio.Event] = {}
-
-    def _event(self, position: int) -> asyncio.Event:
-        return self._written.setdefault(position, asyncio.Event())
-
-    async def written(self, position: int) -> None:
-        self._event(position).set()
-
-    async def wait(self, position: int) -> None:
-        await self._event(position).wait()
-
-
-@ray.remote(num_cpus=0)
-class Starts:
-    """Which Train runs' workers have come up: rank 0 says so as Ray Train calls its function,
-    which is after every worker of the group has started. Ray Train bounds the wait for a
-    placement (RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S) but not for the worker processes that
-    follow: a worker that cannot start (a `hardware.env` that breaks Python, a runtime
-    environment that fails on a node) left its controller waiting for ever. One per sweep."""
+    - handoff: the driver's word that a trial's row is on disk (by sweep position). A worker
+      group's next trial waits for it: writing a row (table, trial file, the history) takes
+      the driver's CPU, and on a small machine that would land inside the next trial's
+      measured window. Under process isolation the next trial's start-up covers it.
+    - starts: a Train run's workers have come up (by run name): rank 0 says so as Ray Train
+      calls its function, after every worker of the group has started. Ray Train bounds the
+      wait for a placement (RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S) but not for the worker
+      processes that follow: a worker that cannot start (a `hardware.env` that breaks Python,
+      a runtime environment that fails on a node) left its controller waiting for ever."""
 
     def __init__(self) -> None:
-        self._up: dict[str, asyncio.Event] = {}
+        self._events: dict[Any, asyncio.Event] = {}
 
-    def _event(self, run: str) -> asyncio.Event:
-        return self._up.setdefault(run, asyncio.Event())
+    def _event(self, key: Any) -> asyncio.Event:
+        return self._events.setdefault(key, asyncio.Event())
 
-    async def up(self, run: str) -> None:
-        self._event(run).set()
+    async def set(self, key: Any) -> None:
+        self._event(key).set()
 
-    async def wait(self, run: str) -> bool:
-        await self._event(run).wait()
+    async def wait(self, key: Any) -> bool:
+        await self._event(key).wait()
         return True
 
 
@@ -213,7 +198,7 @@ def run_trial(trial: TrialRef, storage: str, trials_dir: str, execution: Executi
               starts: Any = None) -> TrialOutcome:
     """Fit one trial; a worker process that died is retried up to `execution.max_retries` times
     on fresh workers. Returns {status, error, metrics, ...} with `trial/retries`, never raises.
-    `starts` (a Starts actor): the trial is an error row when its workers have not started by
+    `starts` (an Events actor): the trial is an error row when its workers have not started by
     `start_deadline`, its fit left to end with this process (Tune's trial: its Train
     controller, and the controller's workers and placement, are owned by it)."""
     lost: list[str] = []
@@ -287,7 +272,7 @@ def run_group(trials: list[TrialRef], storage: str, trials_dir: str, execution: 
                     timeout=60 if up else max(0.1, min(60.0, deadline - time.monotonic())))
             except Empty:
                 if not up and thread.is_alive() and time.monotonic() >= deadline:
-                    # none of the group's workers came up (see Starts): none of its trials,
+                    # none of the group's workers came up (see Events): none of its trials,
                     # all of one shape and environment, can start; the fit is left behind
                     for i in pending:
                         yield i, _finish(never_started(execution, trials[i].hardware),
@@ -342,7 +327,7 @@ class _NeverStarted(Exception):
 def _fit_watched(trainer: DataParallelTrainer, starts: Any, run: str,
                  execution: ExecutionSpec) -> Any:
     """`trainer.fit()`, or _NeverStarted once `start_deadline` passes with no word from its
-    rank 0 (see Starts); then the fit thread is left behind, waiting in Ray Train."""
+    rank 0 (see Events); then the fit thread is left behind, waiting in Ray Train."""
     if starts is None:
         return trainer.fit()
     box: dict[str, Any] = {}

@@ -123,15 +123,13 @@ def _tune(spec, trials: list[TrialSpec], out: Path, done: Done, name: str,
     # one Tune trial per worker group: each trial alone, or (isolation: worker) the trials
     # of one shape on one group of workers, one after another
     groups = plan.worker_groups(trials, strategies, execution.isolation, limit)
+    from raybench.trial import Events
+
     handoff = None
     if len(groups) < len(trials):
-        from raybench.trial import Handoff
-
         log.info("isolation worker: %d trials on %d worker groups", len(trials), len(groups))
-        handoff = Handoff.remote()  # a group's next trial waits until this one's row is written
-    from raybench.trial import Starts
-
-    starts = Starts.remote()  # a trial whose workers never start is a row, not a hang
+        handoff = Events.remote()  # a group's next trial waits until this one's row is written
+    starts = Events.remote()  # a trial whose workers never start is a row, not a hang
     parcels = None
     if len(nodes) > 1 or not embedded:  # rank 0 may run where this run directory is not
         from raybench.trial import Parcels
@@ -156,7 +154,7 @@ def _tune(spec, trials: list[TrialSpec], out: Path, done: Done, name: str,
                 outcome.metrics["overhead/report_s"] = time.time() - outcome.stamps["fit_end"]
             done(by_index[i], outcome)
             if handoff is not None:
-                handoff.written.remote(i)
+                handoff.set.remote(i)
 
         def on_trial_error(self, iteration, trials, trial, **info):
             for i in groups[trial.config["group"]]:
