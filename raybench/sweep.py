@@ -104,20 +104,9 @@ def _run(args: argparse.Namespace, t0: float, started: bool) -> int:
     if loaded is None:
         return cli.EXIT_INVALID
     spec, trials = loaded
-    if args.trials:
-        wanted = _indices(args.trials)
-        if wanted is None:
-            print(f"raybench: {args.sweep}: --trials={args.trials!r}: not a list of trial "
-                  "indices. Fix: write e.g. --trials 0,3 (see --dry-run for the indices)",
-                  file=sys.stderr)
-            return cli.EXIT_INVALID
-        unknown = sorted(wanted - {t.index for t in trials})
-        if unknown:
-            print(f"raybench: {args.sweep}: --trials={args.trials!r}: the sweep has no trial "
-                  f"{unknown} (its indices are 0 to {len(trials) - 1}). Fix: pick indices from "
-                  "--dry-run's plan", file=sys.stderr)
-            return cli.EXIT_INVALID
-        trials = [t for t in trials if t.index in wanted]
+    trials = _picked(args, trials)
+    if trials is None:
+        return cli.EXIT_INVALID
     if args.dry_run:
         from raybench import plan
 
@@ -156,11 +145,23 @@ def _remove_if_unused(out: Path, resume: bool) -> None:
         out.rmdir()
 
 
-def _indices(text: str) -> set[int] | None:
+def _picked(args: argparse.Namespace, trials: list[TrialSpec]) -> list[TrialSpec] | None:
+    """The trials `--trials` names (all without it), or None after saying what is wrong."""
+    if not args.trials:
+        return trials
     try:
-        return {int(i) for i in text.split(",")}
+        wanted = {int(i) for i in args.trials.split(",")}
     except ValueError:
+        print(f"raybench: {args.sweep}: --trials={args.trials!r}: not a list of trial indices. "
+              "Fix: write e.g. --trials 0,3 (see --dry-run for the indices)", file=sys.stderr)
         return None
+    unknown = sorted(wanted - {t.index for t in trials})
+    if unknown:
+        print(f"raybench: {args.sweep}: --trials={args.trials!r}: the sweep has no trial "
+              f"{unknown} (its indices are 0 to {len(trials) - 1}). Fix: pick indices from "
+              "--dry-run's plan", file=sys.stderr)
+        return None
+    return [t for t in trials if t.index in wanted]
 
 
 def _parser() -> argparse.ArgumentParser:
