@@ -217,29 +217,6 @@ def run_facts(out: Path) -> dict[str, Any]:
         return {}
 
 
-class UnreadableTable(ValueError):
-    """A run's results.parquet that Parquet cannot read (truncated, overwritten): the message
-    names it and how to rebuild it from the run's trial files."""
-
-    def __init__(self, path: Path, reason: str):
-        trials = len(list((path.parent / "trials").glob("*.json")))
-        super().__init__(
-            f"{path} cannot be read ({reason.splitlines()[0][:200]}). Fix: its {trials} trial "
-            f"rows are also in {path.parent / 'trials'}; rebuild the table from them with "
-            f"`python -m raybench.rebuild {path.parent}` (the damaged file is kept beside it), "
-            "then run the same command again")
-
-
-def read_rows(path: Path) -> pd.DataFrame:
-    """A results table, or UnreadableTable naming it."""
-    try:
-        return pd.read_parquet(path)
-    except (pa.ArrowException, OSError) as e:
-        if isinstance(e, FileNotFoundError):
-            raise
-        raise UnreadableTable(Path(path), str(e) or type(e).__name__) from None
-
-
 class ResultsTable:
     """`<dir>/results.parquet` and `results.csv`, rewritten atomically on every append. On
     opening a run that has rows (a resume), the CSV is written again from the Parquet table,
@@ -251,7 +228,7 @@ class ResultsTable:
         self.csv = self.dir / "results.csv"
         self.rows: list[dict[str, Any]] = []
         if self.parquet.exists():
-            frame = read_rows(self.parquet)
+            frame = store.read_rows(self.parquet)
             self.rows = frame.to_dict("records")
             _atomic(self.csv, lambda p: frame.to_csv(p, index=False))
 

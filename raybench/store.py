@@ -6,7 +6,9 @@ shorelines from, and writes chips to, an object store every node reaches; a loca
 working as before (a single machine, or a filesystem mounted on every node). GeoTIFFs are read
 by GDAL, which opens `s3://` and `gs://` itself: `gdal_settings` gives it the endpoint of an
 S3-compatible server (MinIO, Ceph) from the one variable the AWS tools use, `AWS_ENDPOINT_URL`.
-Locations are plain strings joined with "/": `pathlib` would fold a URI's "//".
+Locations are plain strings joined with "/": `pathlib` would fold a URI's "//". A run's
+results table that Parquet cannot read is named by `UnreadableTable` (here, below both the
+results writer and the report, which read it).
 """
 
 from __future__ import annotations
@@ -143,6 +145,32 @@ def read_parquet(loc: str | Path):
 
     fs, path = resolve(loc)
     return pq.read_table(path, filesystem=fs).to_pandas()
+
+
+class UnreadableTable(ValueError):
+    """A run's results.parquet that Parquet cannot read (truncated, overwritten): the message
+    names it and how to rebuild it from the run's trial files."""
+
+    def __init__(self, path: Path, reason: str):
+        trials = len(list((path.parent / "trials").glob("*.json")))
+        super().__init__(
+            f"{path} cannot be read ({reason.splitlines()[0][:200]}). Fix: its {trials} trial "
+            f"rows are also in {path.parent / 'trials'}; rebuild the table from them with "
+            f"`python -m raybench.rebuild {path.parent}` (the damaged file is kept beside it), "
+            "then run the same command again")
+
+
+def read_rows(path: Path) -> Any:
+    """A run's results table (a pandas frame), or UnreadableTable naming it."""
+    import pandas as pd
+    import pyarrow as pa
+
+    try:
+        return pd.read_parquet(path)
+    except (pa.ArrowException, OSError) as e:
+        if isinstance(e, FileNotFoundError):
+            raise
+        raise UnreadableTable(Path(path), str(e) or type(e).__name__) from None
 
 
 def write_parquet(frame, loc: str | Path) -> None:

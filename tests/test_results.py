@@ -193,7 +193,7 @@ def test_resume_brings_the_csv_and_the_history_up_to_the_table(write_sweep, tmp_
 
 def test_a_damaged_table_is_named_and_rebuilt_from_the_trial_files(write_sweep, tmp_path):
     from raybench import rebuild
-    from raybench.results import UnreadableTable
+    from raybench.store import UnreadableTable
 
     spec = load_sweep(write_sweep())
     trials = expand(spec)

@@ -159,16 +159,14 @@ def markdown(m: dict[str, Any]) -> str:
 
 def write_index(root: Path, out: Path | None = None) -> Path:
     """`index.html` listing every run under a results root, with links and headline figures."""
-    from raybench.results import UnreadableTable, read_rows  # results imports report.assess
-
     root = Path(root)
     out = out or root / "index.html"
     rows = []
     for results in sorted(root.rglob("results.parquet")):
         run = results.parent
         try:
-            df = read_rows(results)
-        except UnreadableTable as e:  # listed as such; the other runs are still indexed
+            df = store.read_rows(results)
+        except store.UnreadableTable as e:  # listed as such; the other runs are still indexed
             rows.append({"sweep": run.parent.name, "run": run.relative_to(root).as_posix(),
                          "system": "?", "started": "?", "rows": "unreadable",
                          "ok": str(e).split(". Fix:")[0], "best samples/s": None,

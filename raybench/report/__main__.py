@@ -60,15 +60,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def _unusable(run: Path) -> str | None:
     """Why a run directory cannot be reported, as a paragraph; None when it can."""
-    from raybench.results import UnreadableTable, read_rows
+    from raybench import store
 
     table = run / "results.parquet"
     if not table.is_file():
         return (f"{run} has no results.parquet. Fix: pass a run directory written by python -m "
                 "raybench.sweep")
     try:
-        rows = read_rows(table)
-    except UnreadableTable as e:
+        rows = store.read_rows(table)
+    except store.UnreadableTable as e:
         return str(e)
     if rows.empty:
         return (f"{table} holds no rows yet. Fix: report it once a trial has finished (a "
