@@ -94,6 +94,7 @@ class RankRecord:
     minor_faults_per_s: float | None = None  # the process's page faults over the window
     run_wait_pct: float | None = None  # its threads' wait for a core (100 = one thread's window)
     heap: str | None = None  # memory.steady_heap: fixed, user or other
+    niceness: int | None = None  # the rank process's nice value (Ray's default for workers: 15)
     telemetry: list[dict[str, Any]] = field(default_factory=list)  # NVML samples
     trace: str | None = None  # profiler trace path
     gpu: dict[str, Any] | None = None  # telemetry.aggregate of the window

@@ -162,7 +162,7 @@ def measure_rank(trial: TrialSpec, ctx: WorkerContext) -> RankRecord:
         describe=workload.describe(),
         precision=trial.hardware.precision,
         **usage,
-        heap=heap,
+        heap=heap, niceness=os.nice(0),
         telemetry=telemetry,
         trace=trace,
         gpu=aggregate(telemetry, workload.samples_per_step() * len(compute_s)),

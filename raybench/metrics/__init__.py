@@ -94,6 +94,9 @@ declare(
     Metric("host/heap", "text", "the ranks' malloc: fixed (glibc's trim and mmap thresholds "
            "fixed by raybench, memory.steady_heap), user (the environment tunes glibc's "
            "malloc), other (not glibc)"),
+    Metric("host/niceness", "count", "the rank processes' nice value, the highest of any "
+           "rank: above 0, a rank yields its cores to the machine's other processes (Ray "
+           "starts its workers at 15 unless RAY_worker_niceness says otherwise)"),
     Metric("model/params_m", "M", "parameters, millions"),
     Metric("model/size_mb", "MB", "parameters and buffers"),
     Metric("cluster/nodes_used", "count", "distinct nodes the ranks ran on"),
@@ -167,6 +170,7 @@ def summarize(records: Records) -> dict[str, Any]:
         "host/minor_faults_per_s": _max(records, "minor_faults_per_s"),
         "host/run_wait_pct": _max(records, "run_wait_pct"),
         "host/heap": ",".join(sorted({r.heap for r in records if r.heap})) or None,
+        "host/niceness": _max(records, "niceness"),
         "model/params_m": first.params / 1e6,
         # where the ranks ran: distinct nodes, and each rank's node/GPU in rank order
         "cluster/nodes_used": len({r.node_id or r.hostname for r in records}),

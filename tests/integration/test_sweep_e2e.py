@@ -61,6 +61,7 @@ def test_every_trial_is_an_ok_row_with_throughput(local_sweep):
     assert (df["train/samples_per_s"] > 0).all()
     assert sorted(df["hardware.cpu_workers"]) == [1, 2]
     assert (df["hardware.env.RB_E2E_MARK"] == "on-ray").all()
+    assert (df["host/niceness"] == 0).all()  # not Ray's 15: ranks do not yield to the machine
     # not a terminal: a plain progress line per trial, the last one complete
     assert re.search(r"progress: trials 1/2 \(50%\), \d+ s, about \d+ s left; trial \d "
                      r"[0-9a-f]{12}: ok, [0-9.]+ samples/s", stdout), stdout[-2000:]
