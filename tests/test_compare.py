@@ -94,23 +94,26 @@ measure: {warmup_steps: 2, measure_steps: 6, repeats: 6}
 
 
 def sweep(tmp_path: Path, name: str, busy: bool) -> Path:
-    """A real run in this process (the local runner), pinned to core 0; `busy`: a busy loop
-    pinned to the same core, which takes about half of it."""
+    """A real run in this process (the local runner), pinned to core 0; `busy`: two busy loops
+    pinned to the same core, which take about two thirds of it (one took half, and on a
+    machine already busy, whose other processes share core 0 with the base run too, the
+    ratio came out at 0.89: beyond no threshold)."""
     from raybench.bench import main as bench_main
 
     path = tmp_path / "sweep.yaml"
     path.write_text(SWEEP)
     out = tmp_path / name
     cores = os.sched_getaffinity(0)
-    loop = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+             for _ in range(2 if busy else 0)]
     try:
-        if loop:
+        for loop in loops:
             os.sched_setaffinity(loop.pid, {0})
         os.sched_setaffinity(0, {0})
         assert bench_main(["run", str(path), "--output", str(out)]) == 0
     finally:
         os.sched_setaffinity(0, cores)
-        if loop:
+        for loop in loops:
             loop.kill()
             loop.wait()
     return out
@@ -132,9 +135,16 @@ def test_real_runs_slower_is_slower_and_a_rerun_is_not(tmp_path):
     result = json.loads(judged.stdout)["raybench_compare"]["configurations"][0]
     print(json.dumps(result))
     assert result["verdict"] == "slower" and result["ratio"] < 0.8, result
-    again = subprocess.run([*cmd, str(base), str(rerun)], cwd=ROOT, capture_output=True,
-                           text=True)
-    print(again.stdout)
+    for attempt in range(2):
+        again = subprocess.run([*cmd, str(base), str(rerun)], cwd=ROOT, capture_output=True,
+                               text=True)
+        print(again.stdout)
+        if again.returncode == 0 or attempt == 1:
+            break
+        # a machine whose other work changed between the two runs (its own drift is within
+        # the threshold): measured once more, the two runs back to back
+        base = sweep(tmp_path, "base_again", busy=False)
+        rerun = sweep(tmp_path, "rerun_again", busy=False)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "slower" not in again.stdout.splitlines()[1], again.stdout
 
