@@ -47,7 +47,6 @@ class LocalCluster:
         self.temp_dir = tempfile.mkdtemp(prefix="rb", dir="/tmp")
         self.env = {**os.environ, "RAY_AUTH_MODE": "token",
                     "RAY_AUTH_TOKEN": secrets.token_hex(16), "RAY_USAGE_STATS_ENABLED": "0",
-                    "RAY_worker_niceness": "0",  # as README's `ray start`
                     "PATH": f"{BIN}:{os.environ.get('PATH', '')}"}
         self.env.pop("RAY_ADDRESS", None)
         self.procs: list[subprocess.Popen] = []

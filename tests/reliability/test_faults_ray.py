@@ -83,10 +83,10 @@ def test_sigint_mid_sweep_then_resume(tmp_path):
 
 def test_a_trial_that_raises_and_one_over_its_time_limit_are_rows(tmp_path):
     """One sweep (each sweep start costs half a minute here): the synthetic trial runs into the
-    40 s trial limit with a 600 s window, then the imagefolder trial raises; both are rows.
+    30 s trial limit with a 600 s window, then the imagefolder trial raises; both are rows.
     The limit counts the trial's start-up: at 6 s a first trial timed out before it began;
-    at 20 s the test failed with a busy process on each core (issue 41, item 15), where a
-    worker group's start takes several times its 9-14 s on an idle machine."""
+    at 20 s the test failed with a busy process on each core (issue 41, item 15), where Ray's
+    workers then ran at nice 15 and a worker group took 99 s to start (9-14 s idle)."""
     empty = tmp_path / "no_classes"
     empty.mkdir()
     out = tmp_path / "run"
@@ -95,14 +95,14 @@ def test_a_trial_that_raises_and_one_over_its_time_limit_are_rows(tmp_path):
         sweep_cmd(out, "--set", "grid={data: [synthetic, imagefolder], batch_size: [8]}",
                   "--set", f"workload.data_path={empty}", "--set", "measure.measure_steps=null",
                   "--set", "measure.measure_seconds=600", "--set", "measure.warmup_steps=2",
-                  "--set", "execution.trial_timeout_s=40"),
+                  "--set", "execution.trial_timeout_s=30"),
         cwd=ROOT, capture_output=True, text=True, timeout=400)
     elapsed = time.monotonic() - t0
     assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
     df = table(out).set_index("workload.data")
     assert len(df) == 2
     assert df.loc["synthetic", "status"] == "timeout"
-    assert "trial_timeout_s=40" in df.loc["synthetic", "error"]
+    assert "trial_timeout_s=30" in df.loc["synthetic", "error"]
     assert df.loc["synthetic", "trial/retries"] == 0
     assert df.loc["imagefolder", "status"] == "error"
     assert "FileNotFoundError" in df.loc["imagefolder", "error"]
@@ -111,7 +111,7 @@ def test_a_trial_that_raises_and_one_over_its_time_limit_are_rows(tmp_path):
     # worker group, and the next trial started fresh workers
     assert (df["trial/isolation"] == "worker").all()
     assert list(df["trial/group_position"]) == [0, 0]
-    assert elapsed < 300  # a 600 s window cut at 40 s: the sweep ends
+    assert elapsed < 300  # a 600 s window cut at 30 s: the sweep ends
 
 
 def _train_workers(session: int) -> list[psutil.Process]:
@@ -167,17 +167,18 @@ def test_worker_process_killed_mid_trial(tmp_path, retries):
 def test_trials_whose_workers_never_start_are_error_rows(tmp_path):
     """A worker process that cannot start (here a `hardware.env` that breaks Python) left Ray
     Train's controller waiting for ever: each trial is now an `error` row once twice
-    `execution.start_timeout_s` has passed, and the sweep ends (issue 41, item 9)."""
+    `execution.start_timeout_s` has passed, and the sweep ends (issue 41, item 9; a worker
+    group's trials, under `isolation: worker`, take the same path, tried by hand)."""
     out = tmp_path / "run"
     t0 = time.monotonic()
     proc = subprocess.run(
-        sweep_cmd(out, *QUICK, "--set", "grid={batch_size: [4, 8], cpu_workers: [1]}",
+        sweep_cmd(out, *QUICK, "--set", "grid={batch_size: [8], cpu_workers: [1]}",
                   "--set", "hardware.env.PYTHONHOME=/nonexistent",
                   "--set", "execution.start_timeout_s=3", "--set", "execution.isolation=process"),
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
     df = table(out)
-    assert list(df["status"]) == ["error", "error"]
+    assert list(df["status"]) == ["error"]
     assert df["error"].str.contains("workers did not start with hardware.env "
                                     "{'PYTHONHOME': '/nonexistent'} within 6 s").all()
     assert time.monotonic() - t0 < 120
