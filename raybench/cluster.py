@@ -18,9 +18,10 @@ log = logging.getLogger(__name__)
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 # Ray starts its worker processes at nice 15, so that its own daemons come first; a
 # benchmark's ranks then yield to every other process on the machine. With one busy process
-# per core (nice 0) a two-rank worker group took 99 s to start here instead of 9-14 s, and a
-# rank ran on what the other processes left. Read when this process starts a Ray (embedded);
-# a cluster's nodes take it from `ray start`'s environment (README, cluster/).
+# per core (nice 0), a two-rank worker group had still not started 60 s after its run began
+# (9-14 s on this machine idle), and a rank ran on what the other processes left. Read when
+# this process starts a Ray (embedded); a cluster's nodes take it from `ray start`'s
+# environment (README, cluster/).
 os.environ.setdefault("RAY_worker_niceness", "0")
 
 
