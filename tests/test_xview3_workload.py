@@ -215,7 +215,7 @@ def test_detector_learns_on_synthetic_chips(tmp_path):
     The bound has a margin below what the recipe reaches wherever it runs: detection F1 at the
     sweep's threshold 0.3 (scored by objectness) measured 0.74-0.86 over model seeds 0 and 2,
     a second data seed, and AVX-512 vs AVX2 CPU kernels (2 cores, torch 2.15.0), with eight
-    scenes; six (for CI's time: 113 s instead of 145 s) gave 0.82 on AVX2. Scored per
+    scenes; six (for CI's time: 113 s instead of 145 s) gave 0.82 on AVX-512. Scored per
     class (torchvision's rule), the same recipe gave 0.29 on AVX-512 and 0.84 on AVX2: the
     scores of true vessels sat on the threshold, and the CPU's numerics decided the test."""
     data = tmp_path / "synth"
