@@ -36,26 +36,40 @@ def _shape(path: Path) -> tuple[int, int, int]:
 SHAPES = sorted({_shape(p) for p in SWEEPS})
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}cpu{s[2]}gpu")
-def test_sweep_plans_on_a_cluster_shaped_like_its_system(shape: tuple[int, int, int]):
-    """One Ray cluster per system shape, every sweep file of that shape planned against it."""
-    n_nodes, cpus, gpus = shape
-    c = Cluster()
+@pytest.fixture(scope="class")  # ended before the tests below start a Ray of their own
+def head():
+    """One Ray for every shape: a head that holds no CPU or GPU (as KubeRay's head often is),
+    and the shape's nodes added to it and removed after. A cluster per shape cost 5-6 s each."""
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "num_gpus": 0})
     try:
-        for _ in range(n_nodes):
-            c.add_node(num_cpus=cpus, num_gpus=gpus)
         ray.init(address=c.address)
-        nodes = cluster.nodes()
-        assert len(nodes) == n_nodes
-        paths = [p for p in SWEEPS if _shape(p) == shape]
-        for path in paths:
-            spec = load_sweep(path)
-            trials = expand(spec)
-            assert trials or spec.preprocess is not None, path.name
-            assert [placement(t, nodes) for t in trials] == [None] * len(trials), path.name
+        yield c
     finally:
         ray.shutdown()
         c.shutdown()
+
+
+class TestShapes:
+    @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}cpu{s[2]}gpu")
+    def test_sweep_plans_on_a_cluster_shaped_like_its_system(self, head, shape: tuple[int, int, int]):
+        """Every sweep file of a system shape planned against a cluster of that shape."""
+        n_nodes, cpus, gpus = shape
+        added = [head.add_node(num_cpus=cpus, num_gpus=gpus) for _ in range(n_nodes)]
+        try:
+            head.wait_for_nodes()
+            nodes = cluster.nodes()
+            assert len(nodes) == n_nodes + 1  # and the head
+            assert sorted(n.get("CPU", 0) for n in nodes) == [0] + [cpus] * n_nodes
+            paths = [p for p in SWEEPS if _shape(p) == shape]
+            for path in paths:
+                spec = load_sweep(path)
+                trials = expand(spec)
+                assert trials or spec.preprocess is not None, path.name
+                assert [placement(t, nodes) for t in trials] == [None] * len(trials), path.name
+        finally:
+            for node in added:
+                head.remove_node(node)
+            head.wait_for_nodes()
 
 
 def test_every_sweep_file_is_planned():
