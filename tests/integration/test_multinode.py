@@ -112,16 +112,16 @@ def test_per_node_keeps_each_trial_alone_on_its_node(two_nodes, tmp_path):
     assert sorted(df["cluster/rank_nodes"]) == ["127.0.0.2", "127.0.0.3"]
 
 
-# 64 samples, 8 batches for the two replicas: six threads on this machine's two cores ran at
-# 6.6 to 30 samples/s from one run to the next (a clean clone's run spent 39 s on 256 samples)
+# 256 samples, 32 batches for the two replicas: with 64 (8 batches) and a busy process on each
+# core, one replica took every batch before the other's first, and the row named one node
 INFERENCE = """
 name: multinode_inference
 system: {label: two-nodes, nodes: 2, gpus_per_node: 2}
 workload: {name: resnet, depth: 18, image_size: 32, num_classes: 10, batch_size: 8}
 hardware: {num_gpus: 1, cpus_per_worker: 3}
 execution: {logical_gpus: true, start_timeout_s: 60}
-inference: {replicas: 2, samples: 64, project_samples: 13368, accuracy_target: 0.99,
-            accuracy_samples: 32, latency_bound_ms: 1000, probe_seconds: 1, min_queries: 40,
+inference: {replicas: 2, samples: 256, project_samples: 13368, accuracy_target: 0.99,
+            accuracy_samples: 32, latency_bound_ms: 3000, probe_seconds: 1, min_queries: 40,
             rate_tolerance_pct: 25}
 grid: {scenario: [offline, server]}
 """
@@ -145,14 +145,16 @@ def test_inference_replicas_on_both_nodes_offline_and_server(two_nodes, tmp_path
     per_node = json.loads(off["infer/node_samples_per_s"])
     assert set(per_node) == {"127.0.0.2", "127.0.0.3"}
     assert sum(per_node.values()) == pytest.approx(off["infer/samples_per_s"])
-    assert off["infer/replicas_used"] == 2 and off["infer/samples"] == 64
+    assert off["infer/replicas_used"] == 2 and off["infer/samples"] == 256
     assert off["infer/accuracy"] == 1.0 and srv["infer/accuracy_ok"]
     detail = json.loads(next((out / "trials").glob("0000_*.json")).read_text())
     assert sorted(collections_count(r["node"] for r in detail["ranks"]).values()) == [1, 1]
     print(df[["start_time", "end_time", "infer/samples_per_s", "server/rate_qps", "server/probes"]])
     # A generous bound: two 3-thread replicas on two cores have p99 tails of hundreds of ms,
-    # and this test is about the Ray path, not this machine (a 200 ms bound failed once in CI).
-    assert srv["server/rate_qps"] > 0 and srv["server/p99_ms"] <= 1000
+    # and this test is about the Ray path, not this machine (a 200 ms bound failed once in CI;
+    # 1,000 ms passed at 11.7 and 16.6 queries/s on a quiet machine, p99 804 and 313 ms, and
+    # failed at every rate down to 4.4 queries/s with a busy process on each core)
+    assert srv["server/rate_qps"] > 0 and srv["server/p99_ms"] <= 3000
     server_detail = json.loads(next((out / "trials").glob("0001_*.json")).read_text())
     assert {r["node"] for r in server_detail["ranks"]} == {"127.0.0.2", "127.0.0.3"}
 
