@@ -61,7 +61,7 @@ class TrialSpec:
         """Training: one worker per DDP rank. Inference: one per replica."""
         hw = self.hardware
         workers = self.inference.replicas if self.inference else hw.world_size
-        per_worker = {"CPU": hw.cpus_per_worker, **({"GPU": 1} if hw.use_gpu else {})}
+        per_worker = {"CPU": hw.cpus_per_worker, **({"GPU": hw.gpu_share} if hw.use_gpu else {})}
         total = {k: v * workers for k, v in per_worker.items()}
         return {"workers": workers, "per_worker": per_worker, "total": total}
 
@@ -259,7 +259,7 @@ def _with_workload_defaults(spec: SweepSpec, params: WorkloadParams,
 # trial that leaves them there keeps the key it had, so resumed runs and the history's
 # regression tracking (grouped by key) still find it. A new field of that kind goes here.
 KEY_NEUTRAL: dict[str, dict[str, Any]] = {
-    "hardware": {"env": {}, "grad_accum_steps": 1},
+    "hardware": {"env": {}, "grad_accum_steps": 1, "ranks_per_gpu": 1},
     "workload": {"activation_checkpointing": False},
     "measure": {"max_repeats": None},
 }

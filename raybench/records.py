@@ -90,6 +90,7 @@ class RankRecord:
     reserved_mb: float | None = None
     describe: dict[str, Any] = field(default_factory=dict)  # Workload.describe()
     precision: str = "fp32"
+    ranks_per_gpu: int = 1  # hardware.ranks_per_gpu: ranks sharing this rank's GPU
     cpu_util_pct: float | None = None  # 100 = one core busy
     minor_faults_per_s: float | None = None  # the process's page faults over the window
     run_wait_pct: float | None = None  # its threads' wait for a core (100 = one thread's window)

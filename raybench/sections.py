@@ -63,7 +63,12 @@ class SystemSpec(Strict):
 class HardwareSpec(Strict):
     """How one trial uses the hardware: ranks, precision, memory format, input pipeline."""
 
-    num_gpus: int = Field(0, ge=0, description="DDP ranks with one GPU each; 0 runs on CPU")
+    num_gpus: int = Field(0, ge=0, description="GPUs of the trial, one DDP rank each (see "
+                          "ranks_per_gpu); 0 runs on CPU")
+    ranks_per_gpu: int = Field(
+        1, ge=1, le=8, description="DDP ranks sharing each GPU (Ray's fractional GPUs). Above "
+        "1 the ranks talk over gloo, as NCCL refuses two ranks on one device: for running "
+        "multi-rank code on a one-GPU machine, never for scaling figures")
     cpu_workers: int = Field(1, ge=1, description="DDP ranks when num_gpus is 0")
     cpus_per_worker: float = Field(1.0, gt=0, description="logical CPUs reserved per rank")
     precision: Precision = "fp32"
@@ -103,9 +108,28 @@ class HardwareSpec(Strict):
                                  "can carry")  # of such a worker retries for minutes
         return env
 
+    @model_validator(mode="after")
+    def _shared(self) -> HardwareSpec:
+        if self.ranks_per_gpu > 1 and not self.num_gpus:
+            raise ValueError(f"ranks_per_gpu ({self.ranks_per_gpu}) shares GPUs between ranks "
+                             "but num_gpus is 0: set num_gpus, or cpu_workers for CPU ranks")
+        return self
+
     @property
     def world_size(self) -> int:
-        return self.num_gpus or self.cpu_workers
+        return self.num_gpus * self.ranks_per_gpu or self.cpu_workers
+
+    @property
+    def gpu_share(self) -> float:
+        """The GPU each rank asks Ray for: 1, or its share of one GPU, rounded down to Ray's
+        resource unit (1e-4) so that the shares of one GPU never add up to more than it."""
+        return 1 if self.ranks_per_gpu == 1 else int(10_000 / self.ranks_per_gpu) / 10_000
+
+    @property
+    def backend(self) -> str:
+        """torch.distributed's backend between the ranks: NCCL between GPUs, gloo on CPU and
+        where ranks share a GPU (NCCL refuses two ranks on one device)."""
+        return "nccl" if self.use_gpu and self.ranks_per_gpu == 1 else "gloo"
 
     @property
     def use_gpu(self) -> bool:

@@ -256,6 +256,10 @@ def _check_inference(workload_name: str | None, hardware: HardwareSpec,
         raise SpecError(source, "hardware.num_gpus", hardware.num_gpus, "an inference replica "
                         "holds one model copy on one GPU", "set hardware.num_gpus: 1 and "
                         "inference.replicas to the number of GPUs")
+    if hardware.ranks_per_gpu > 1:
+        raise SpecError(source, "hardware.ranks_per_gpu", hardware.ranks_per_gpu, "inference "
+                        "replicas do not share a GPU (each holds the whole device)",
+                        "remove hardware.ranks_per_gpu from an inference sweep")
     if search is not None:
         raise SpecError(source, "search", search.model_dump(), "the largest-batch search is "
                         "for training trials", "remove search: from an inference sweep")

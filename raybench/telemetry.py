@@ -49,7 +49,7 @@ def open_sampler(device_index: int) -> NvmlSampler | None:
         uuid = str(torch.cuda.get_device_properties(device_index).uuid)
         uuid = uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"  # NVML's spelling
         handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
-        return NvmlSampler(pynvml, handle)
+        return NvmlSampler(pynvml, handle, uuid)
     except Exception as e:  # no driver, no library, an old driver without some call
         if not _warned:
             log.info("GPU telemetry off: NVML unavailable (%s: %s)", type(e).__name__, e)
@@ -60,8 +60,10 @@ def open_sampler(device_index: int) -> NvmlSampler | None:
 class NvmlSampler:
     """Samples one GPU on a daemon thread between start() and stop()."""
 
-    def __init__(self, nvml: Any, handle: Any, interval_s: float = INTERVAL_S):
+    def __init__(self, nvml: Any, handle: Any, uuid: str | None = None,
+                 interval_s: float = INTERVAL_S):
         self.nvml, self.handle, self.interval_s = nvml, handle, interval_s
+        self.uuid = uuid  # ranks sharing a GPU sample the same one: count it once
         self.samples: list[dict[str, Any]] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -102,7 +104,8 @@ class NvmlSampler:
         return out
 
 
-def aggregate(samples: list[dict[str, Any]], samples_processed: int) -> dict[str, Any]:
+def aggregate(samples: list[dict[str, Any]], samples_processed: int,
+              uuid: str | None = None) -> dict[str, Any]:
     """Per-trial figures from one GPU's sample stream (pure).
 
     Energy: the difference of the GPU's energy counter where it has one, else the power
@@ -146,6 +149,7 @@ def aggregate(samples: list[dict[str, Any]], samples_processed: int) -> dict[str
         "power_capped_pct": 100.0 * sum(bool(m & cap_bit) for m in masks) / len(masks),
         "samples": len(samples),
         "window_s": window_s,
+        "uuid": uuid,
     }
 
 

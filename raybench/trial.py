@@ -412,7 +412,7 @@ def _worker_env(trial: TrialRef | TrialSpec, execution: ExecutionSpec) -> dict[s
     """The workers' environment: NCCL's debug file where ranks talk over NCCL (to read back
     which network it chose), then the trial's own `hardware.env`, which wins."""
     hw = trial.hardware
-    nccl = hw.use_gpu and hw.world_size > 1 and not execution.logical_gpus
+    nccl = hw.backend == "nccl" and hw.world_size > 1 and not execution.logical_gpus
     return {**(fabric.debug_env(trial.key) if nccl else {}), **hw.env}
 
 
@@ -455,7 +455,7 @@ def _trainer(trials: list[TrialRef], queue: Any, storage: str, trials_dir: str,
                            "timeout_s": execution.trial_timeout_s,
                            "starts": starts, "run": name, **config},
         backend_config=ProcessGroupConfig(
-            backend="nccl" if hw.use_gpu and not execution.logical_gpus else "gloo"),
+            backend="gloo" if execution.logical_gpus else hw.backend),
         scaling_config=ray.train.ScalingConfig(
             num_workers=hw.world_size, use_gpu=hw.use_gpu, resources_per_worker=per_worker,
             placement_strategy=strategy,

@@ -74,6 +74,22 @@ def test_resources_per_trial(write_sweep):
                              "total": {"CPU": 32.0, "GPU": 4}}
 
 
+def test_ranks_sharing_a_gpu_ask_for_its_share_and_talk_over_gloo(write_sweep):
+    t = expand(load_sweep(write_sweep(), ["hardware.num_gpus=2", "hardware.ranks_per_gpu=2"]))[0]
+    assert t.hardware.world_size == 4 and t.hardware.backend == "gloo"
+    assert t.resources() == {"workers": 4, "per_worker": {"CPU": 1.0, "GPU": 0.5},
+                             "total": {"CPU": 4.0, "GPU": 2.0}}
+    assert placement(t, [{"CPU": 4.0, "GPU": 2.0}]) is None  # two ranks on each GPU
+    assert "GPU=2 in all" in placement(t, [{"CPU": 4.0, "GPU": 1.0}])
+    # three shares of one GPU stay within it in Ray's 1e-4 units
+    three = expand(load_sweep(write_sweep(), ["hardware.num_gpus=1",
+                                              "hardware.ranks_per_gpu=3"]))[0]
+    assert three.resources()["per_worker"]["GPU"] == 0.3333
+    assert placement(three, [{"CPU": 3.0, "GPU": 1.0}]) is None
+    one = expand(load_sweep(write_sweep(), ["hardware.num_gpus=1"]))[0].hardware
+    assert (one.world_size, one.backend, one.gpu_share) == (1, "nccl", 1)
+
+
 def test_placement_totals_and_per_node(write_sweep):
     spec = load_sweep(write_sweep(), ["hardware.num_gpus=8", "hardware.cpus_per_worker=4"])
     t = expand(spec)[0]

@@ -117,6 +117,21 @@ def test_every_row_names_its_device():
     assert summarize(mixed)["device"] == "NVIDIA A100-SXM4-80GB,NVIDIA H100 80GB HBM3"
 
 
+def test_ranks_sharing_a_gpu_count_its_energy_once_and_its_rate_whole():
+    gpu = {"energy_j": 50.0, "throttled": False, "throttle_reasons": "", "uuid": "GPU-a"}
+    shared = [{**record(r, 0.1), "device_name": "NVIDIA H100 80GB HBM3", "precision": "bf16",
+               "flops_per_sample": 1e9, "ranks_per_gpu": 2, "gpu": dict(gpu)} for r in (0, 1)]
+    m = summarize(shared)
+    assert m["gpu/energy_j"] == 50.0  # one GPU, sampled by both ranks
+    assert m["gpu/energy_per_sample_j"] == pytest.approx(50.0 / 640)
+    # 320 samples/s per rank, 640 on the GPU: 0.64 TFLOP/s of the H100's 989.5 in bf16
+    assert m["perf/achieved_tflops_per_gpu"] == pytest.approx(0.64)
+    apart = [{**r, "ranks_per_gpu": 1, "gpu": {**gpu, "uuid": f"GPU-{i}"}}
+             for i, r in enumerate(shared)]
+    m = summarize(apart)
+    assert m["gpu/energy_j"] == 100.0 and m["perf/achieved_tflops_per_gpu"] == pytest.approx(0.32)
+
+
 def test_fixed_cost_phases_from_the_runner_and_rank_stamps():
     from raybench.metrics.overhead import fixed_cost
 

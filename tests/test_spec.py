@@ -43,6 +43,20 @@ def test_literal_choice_error(write_sweep):
         load_sweep(path)
 
 
+def test_ranks_sharing_a_gpu_need_gpus_and_no_inference(write_sweep):
+    path = write_sweep("name: x\nsystem: {label: a}\nworkload: {name: resnet}\n"
+                       "hardware: {ranks_per_gpu: 2}\n")
+    with pytest.raises(SpecError, match=r"hardware=.*ranks_per_gpu \(2\) shares GPUs.*num_gpus is"
+                       r" 0: set num_gpus, or cpu_workers"):
+        load_sweep(path)
+    path = write_sweep("name: x\nsystem: {label: a}\nworkload: {name: resnet}\n"
+                       "hardware: {num_gpus: 1, ranks_per_gpu: 2}\n"
+                       "inference: {scenario: offline}\n")
+    with pytest.raises(SpecError, match=r"hardware.ranks_per_gpu=2: inference replicas do not "
+                       r"share a GPU.*Fix: remove hardware.ranks_per_gpu"):
+        load_sweep(path)
+
+
 def test_warmup_not_below_measured_steps_is_an_error(write_sweep):
     path = write_sweep("name: x\nsystem: {label: a}\nworkload: {name: resnet}\n"
                        "measure: {warmup_steps: 10, measure_steps: 10}\n")

@@ -106,7 +106,8 @@ declare(
            "Libfabric (EFA), ...; empty without NCCL"),
     Metric("perf/gflops_per_sample", "GFLOP", "work of one sample of a step (forward, plus "
            "backward when training)"),
-    Metric("perf/achieved_tflops_per_gpu", "TFLOP/s", "FLOPs per second per rank"),
+    Metric("perf/achieved_tflops_per_gpu", "TFLOP/s", "FLOPs per second per GPU (per rank "
+           "on CPU)"),
     Metric("perf/mfu_pct", "%", "achieved over the device's dense peak at this precision"),
 )
 
@@ -186,11 +187,13 @@ def summarize(records: Records) -> dict[str, Any]:
         out[f"train/{name}_std_ms"] = float(ms.std(ddof=1)) if ms.size > 1 else 0.0
         out[f"train/{name}_p50_ms"] = float(np.median(ms))
     out["train/input_bound"] = out["train/data_wait_pct"] > INPUT_BOUND_PCT
-    achieved, util = mfu(first.flops_per_sample, out["train/samples_per_s_per_worker"],
+    # per GPU: ranks sharing one (hardware.ranks_per_gpu) add up to its rate
+    achieved, util = mfu(first.flops_per_sample,
+                         out["train/samples_per_s_per_worker"] * first.ranks_per_gpu,
                          first.device_name, first.precision)
     out["perf/gflops_per_sample"] = (first.flops_per_sample / 1e9
                                      if first.flops_per_sample else None)
-    out["perf/achieved_tflops_per_gpu"] = achieved  # per rank; on CPU ranks too
+    out["perf/achieved_tflops_per_gpu"] = achieved  # per GPU, or per rank on CPU
     out["perf/mfu_pct"] = 100.0 * util if util is not None else None
     out.update(gpu_telemetry(records))
     out.update(own_compute(records))

@@ -37,7 +37,11 @@ def gpu_telemetry(records: list[RankRecord] | list[dict[str, Any]]) -> dict[str,
         vals = [g[key] for g in gpus if g.get(key) is not None]
         return float(how(vals)) if vals else None
 
-    energy = pick("energy_j", sum)
+    # ranks that share a GPU (hardware.ranks_per_gpu) each sampled the whole device: its
+    # energy counts once, or two ranks on one GPU would report twice the joules
+    one_per_gpu = list({g.get("uuid") or i: g for i, g in enumerate(gpus)}.values())
+    energies = [g["energy_j"] for g in one_per_gpu if g.get("energy_j") is not None]
+    energy = float(sum(energies)) if energies else None
     samples = sum(r.samples_per_step * len(r.compute_s) for r in records)
     return {
         "gpu/util_mean_pct": pick("util_mean_pct", statistics.mean),

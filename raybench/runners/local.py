@@ -82,7 +82,8 @@ def _gpus_missing(trial: TrialSpec) -> str | None:
 
 
 def _spawn(trial: TrialSpec, trace_dir: str | None) -> list[dict[str, Any]]:
-    """Ranks as local processes over torch.distributed (gloo on CPU, nccl on GPU)."""
+    """Ranks as local processes over torch.distributed (hardware.backend: gloo on CPU
+    and on shared GPUs, nccl between GPUs)."""
     import torch.multiprocessing as mp
 
     with socket.socket() as s:
@@ -100,14 +101,14 @@ def _rank_main(rank: int, trial: TrialSpec, port: int, result: str,
     entry = time.time()
     end_with(driver)
     hw = trial.hardware
-    if hw.use_gpu and hw.world_size > 1:  # to read back which network NCCL chose
+    if hw.backend == "nccl" and hw.world_size > 1:  # to read back which network NCCL chose
         os.environ.update(fabric.debug_env(trial.key))
     os.environ.update(hw.env)  # before the process group and CUDA start; the trial's win
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.distributed.init_process_group("nccl" if hw.use_gpu else "gloo", rank=rank,
-                                         world_size=hw.world_size)
+    torch.distributed.init_process_group(hw.backend, rank=rank, world_size=hw.world_size)
     try:
-        device = torch.device("cuda", rank) if hw.use_gpu else torch.device("cpu")
+        gpu = rank // hw.ranks_per_gpu
+        device = torch.device("cuda", gpu) if hw.use_gpu else torch.device("cpu")
         ctx = WorkerContext(rank, rank, hw.world_size, 0, device, hw,
                             trace_path=trace_path(trace_dir, trial),
                             artifact_dir=artifact_dir(trace_dir, trial),

@@ -65,9 +65,12 @@ def run(cluster, tmp_path, grid: str, steps: int) -> pd.DataFrame:
 
 
 def test_a_trial_larger_than_a_node_is_spread_and_records_both(two_nodes, tmp_path):
-    df, _ = run(two_nodes, tmp_path, "{num_gpus: [4]}", steps=3)
+    """Four ranks sharing two GPUs (`ranks_per_gpu: 2`, half a GPU each): four CPUs, more than
+    a node has, so they spread; Ray places the fractional GPUs and the row counts four ranks."""
+    df, _ = run(two_nodes, tmp_path, "{num_gpus: [2], ranks_per_gpu: [2]}", steps=3)
     row = df.iloc[0]
     assert row["status"] == "ok", row["error"]
+    assert row["train/world_size"] == 4 and row["hardware.ranks_per_gpu"] == 2
     assert row["cluster/placement_strategy"] == "SPREAD"
     assert row["cluster/nodes_used"] == 2
     assert sorted(set(row["cluster/rank_nodes"].split(","))) == ["127.0.0.2", "127.0.0.3"]
