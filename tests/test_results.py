@@ -17,6 +17,29 @@ from raybench.results import ResultsTable, RowWriter, code_version
 from raybench.spec import load_sweep
 
 
+def test_code_version_without_git_or_an_installed_package(monkeypatch, tmp_path):
+    """`ray job submit --working-dir .` on the lent H200 (2026-11-26): the job's copy of the
+    sources has no .git and the cluster's Python no raybench package; the sweep died in
+    code_version before its first trial. Now the sources' digest names the code."""
+    import subprocess
+
+    from raybench import results
+
+    def no_git(*a, **k):
+        raise subprocess.CalledProcessError(128, a[0])
+
+    def not_installed(name):
+        raise results.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(results.subprocess, "run", no_git)
+    monkeypatch.setattr(results.metadata, "version", not_installed)
+    v = code_version()
+    assert re.fullmatch(r"raybench-src\+[0-9a-f]{12}", v), v
+    assert code_version() == v  # the same sources, the same name
+    monkeypatch.setattr(results.metadata, "version", lambda name: "0.3.0")
+    assert code_version() == v.replace("src", "0.3.0")
+
+
 def outcome(thr: float) -> TrialOutcome:
     return TrialOutcome(status="ok", metrics={"train/samples_per_s": thr})
 
