@@ -121,6 +121,15 @@ def test_the_pass_is_timed_on_one_clock_across_nodes():
     assert m["infer/samples_per_s"] == pytest.approx(40 / 0.6)
 
 
+def test_offline_inputs_use_the_cpus_the_replicas_leave():
+    # the lent H200's node: 17 Ray CPUs, one replica of 4 (one input task starved it: busy 11%)
+    assert offline.input_tasks(1, 4.0, 17.0) == 13
+    # small nodes whose replicas hold every CPU still get one input task per replica
+    assert offline.input_tasks(2, 3.0, 6.0) == 2
+    assert offline.input_tasks(2, 1.5, 3.0) == 2
+    assert offline.input_tasks(1, 1.0, 3.0) == 2
+
+
 def test_offline_figures_from_records():
     t = trial(scenario="offline", replicas=2, samples=40, project_samples=13368,
               accuracy_target=0.9)
