@@ -16,7 +16,8 @@ declare(
     Metric("gpu/util_mean_pct", "%", "NVML GPU utilisation over the window, mean of ranks"),
     Metric("gpu/util_max_pct", "%", "highest utilisation sample of any rank"),
     Metric("gpu/power_mean_w", "W", "board power over the window, mean of ranks"),
-    Metric("gpu/energy_j", "J", "energy over the window, all ranks summed"),
+    Metric("gpu/energy_j", "J", "energy over the window, summed over the GPUs (each once, "
+           "however many ranks share it)"),
     Metric("gpu/energy_per_sample_j", "J", "energy per sample trained or served"),
     Metric("gpu/temp_max_c", "C", "hottest GPU temperature seen"),
     Metric("gpu/sm_clock_mean_mhz", "MHz", "SM clock over the window, mean of ranks"),
