@@ -15,7 +15,7 @@ import secrets
 from pathlib import Path, PurePosixPath
 
 from raybench import store
-from raybench.grid import TrialSpec, artifact_dir, trace_path
+from raybench.trials import TrialSpec, artifact_dir, trace_path
 
 MARKER = ".raybench-driver"
 

@@ -1,7 +1,7 @@
 """`python -m raybench.bench`: measurements of raybench itself, and the in-process alias.
 
 `overhead` compares a bare PyTorch loop with a full raybench trial (harness.py holds both
-sides); `forward-check` times a tile model's forward against torch.utils.benchmark; `chips`
+sides); `forward-check` times a forward-only trial against torch.utils.benchmark; `chips`
 compares Ray Data chipping with the reference's serial whole-band chipping (data/chipbench.py);
 `history` times the history's appends and reads (history.py).
 `run SWEEP.yaml` is `python -m raybench.sweep SWEEP.yaml --runner local`, kept as a short name.
@@ -13,7 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
-from raybench import cli
+from raybench import cli, workloads
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,10 +35,11 @@ def main(argv: list[str] | None = None) -> int:
                       help="each raybench round a sweep of N copies of the trial (with "
                       "--set execution.isolation=worker they share a worker group)")
     fwd = sub.add_parser("forward-check",
-                         help="vit_tiles forward time vs torch.utils.benchmark.Timer")
+                         help="a forward-only trial's forward time vs torch.utils.benchmark.Timer")
     fwd.add_argument("sweep")
     fwd.add_argument("--set", action="append", default=[], metavar="dotted.key=value")
-    fwd.add_argument("--trials", help="comma-separated trial indices (default: all inference)")
+    fwd.add_argument("--trials", help="comma-separated trial indices (default: every forward-only "
+                     "trial)")
     chips = sub.add_parser("chips", help="Ray Data chipping vs the reference's serial chipping")
     chips.add_argument("--data", default="results/chipbench_data",
                        help="scene root (generated there if it has no labels yet)")
@@ -84,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
 
         wanted = {int(i) for i in args.trials.split(",")} if args.trials else None
         for t in trials:
-            chosen = t.index in wanted if wanted else t.workload.mode == "inference"
+            chosen = t.index in wanted if wanted else \
+                workloads.get(t.workload_name).forward_only(t.workload)
             if chosen:
                 print(json.dumps({"raybench_forward_check": forward_check(t)}), flush=True)
         return 0

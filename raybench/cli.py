@@ -15,9 +15,10 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
-from raybench.grid import TrialSpec, expand, stage_variants
+from raybench.grid import expand, stage_variants
 from raybench.results import run_directory
 from raybench.spec import SpecError, SweepSpec, load_sweep
+from raybench.trials import TrialSpec
 
 EXIT_OK, EXIT_INVALID, EXIT_TRIALS_FAILED = 0, 2, 3
 

@@ -1,14 +1,12 @@
 """Harness tax: the same configuration as a bare PyTorch loop and as a full raybench trial.
 
-Owns the bare loop (plain torchvision model, optimizer and DataLoader, timed with perf_counter
-around the whole window, no per-step sync on CPU) and the comparison: throughput ratio
-raybench / bare, and the fixed cost per trial (trial wall time minus its measured window).
-Only the `resnet` workload has a bare twin; that is the workload the tax is quoted for.
+Owns the comparison: throughput ratio raybench / bare, and the fixed cost per trial (trial wall
+time minus its measured window). The bare loop is the workload's own twin (`Workload.bare_loop`:
+`resnet` has one, the workload the tax is quoted for).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import statistics
 import tempfile
@@ -17,55 +15,22 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torchvision
 
-from raybench.grid import TrialSpec
+from raybench import workloads
 from raybench.memory import steady_heap
 from raybench.spec import SweepSpec
-from raybench.workloads.resnet import SyntheticImages
+from raybench.trials import TrialSpec, derive
 
 log = logging.getLogger(__name__)
 
 
 def bare_loop(trial: TrialSpec) -> float:
-    """Samples/s of a plain single-process training loop for a `resnet` trial on CPU or GPU."""
-    p, hw, m = trial.workload, trial.hardware, trial.measure
-    if trial.workload_name != "resnet" or hw.world_size != 1:
-        raise ValueError("the bare twin exists for single-rank resnet trials only")
-    device = torch.device("cuda", 0) if hw.use_gpu else torch.device("cpu")
-    # the heap every rank has (worker.py): else the comparison would also weigh glibc's
-    # history-dependent page faults (22-34 thousand/s in this loop by default), not the harness
-    steady_heap()
-    if not hw.use_gpu:
-        torch.set_num_threads(max(1, int(hw.cpus_per_worker)))  # as Ray gives a CPU worker
-    torch.manual_seed(p.seed)
-    model = getattr(torchvision.models, f"resnet{p.depth}")(num_classes=p.num_classes).to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=p.lr, momentum=0.9, weight_decay=1e-4)
-    loss_fn = torch.nn.CrossEntropyLoss()
-    data = SyntheticImages(p.synthetic_samples, p.image_size, p.num_classes, p.seed)
-    w = hw.dataloader_workers
-    loader = torch.utils.data.DataLoader(
-        data, batch_size=p.batch_size, shuffle=True, num_workers=w, drop_last=True,
-        pin_memory=hw.use_gpu, persistent_workers=w > 0, prefetch_factor=4 if w > 0 else None)
-    batches = iter(loader)
-
-    def step() -> None:
-        images, labels = next(batches)
-        images, labels = images.to(device), labels.to(device)
-        opt.zero_grad(set_to_none=True)
-        loss_fn(model(images), labels).backward()
-        opt.step()
-
-    for _ in range(m.warmup_steps):
-        step()
-    if hw.use_gpu:
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(m.measure_steps):
-        step()
-    if hw.use_gpu:
-        torch.cuda.synchronize()
-    return m.measure_steps * p.batch_size / (time.perf_counter() - start)
+    """Samples/s of the trial's training as its workload's bare twin (`Workload.bare_loop`):
+    one process, no raybench, as a user would write it."""
+    if trial.hardware.world_size != 1:
+        raise ValueError("the bare twin runs one rank")
+    return workloads.get(trial.workload_name).bare_loop(trial.workload, trial.hardware,
+                                                        trial.measure)
 
 
 def overhead(spec: SweepSpec, trial: TrialSpec, rounds: int,
@@ -80,8 +45,7 @@ def overhead(spec: SweepSpec, trial: TrialSpec, rounds: int,
     from raybench.sweep import run_sweep
 
     copies = [trial] if per_round == 1 else [
-        dataclasses.replace(trial, index=i, key=f"{trial.key}-{i}", workload=trial.workload
-                            .model_copy(update={"seed": trial.workload.seed + i}))
+        derive(trial, rekey=True, index=i, workload={"seed": trial.workload.seed + i})
         for i in range(per_round)]
     # Ray's daemons take CPU even when idle, which matters on small machines: measure the bare
     # loop once with no Ray at all, then alternate bare and raybench with Ray up.
@@ -184,16 +148,19 @@ def _seconds(start: str, end: str) -> float:
 
 
 def forward_check(trial: TrialSpec) -> dict[str, Any]:
-    """raybench's forward time for an inference `vit_tiles` trial against
-    `torch.utils.benchmark.Timer` on the same model, input, precision and device."""
+    """raybench's forward time for a forward-only trial (`Workload.forward_only`: `vit_tiles`
+    in inference) against `torch.utils.benchmark.Timer` on the same model, input, precision
+    and device."""
     import torch.utils.benchmark as benchmark
 
+    from raybench import workloads
     from raybench.context import WorkerContext
     from raybench.runners.local import run_local
-    from raybench.workloads.vit_tiles import VitTiles
 
-    if trial.workload_name != "vit_tiles" or trial.workload.mode != "inference":
-        raise ValueError("forward-check compares inference vit_tiles trials")
+    cls = workloads.get(trial.workload_name)
+    if not cls.forward_only(trial.workload):
+        raise ValueError(f"forward-check compares forward-only trials; trial {trial.index} "
+                         f"({trial.workload_name}) trains")
     out = run_local(trial)
     if not out.ok:
         raise RuntimeError(f"trial failed: {out.error}")
@@ -201,12 +168,9 @@ def forward_check(trial: TrialSpec) -> dict[str, Any]:
     device = torch.device("cuda", 0) if hw.use_gpu else torch.device("cpu")
     ctx = WorkerContext(0, 0, 1, 0, device, hw)
     ctx.set_math_mode()
-    workload = VitTiles(trial.workload, ctx)
+    workload = cls(trial.workload, ctx)
     workload.setup()
-    images, _ = workload._batch
-
-    def forward() -> None:
-        workload.infer(images)
+    forward = workload.forward_probe()
 
     for _ in range(trial.measure.warmup_steps):
         forward()

@@ -11,8 +11,8 @@ import json
 import sys
 
 from raybench import cluster
-from raybench.grid import TrialSpec
 from raybench.spec import SweepSpec
+from raybench.trials import TrialSpec
 
 
 def dry_run(spec: SweepSpec, trials: list[TrialSpec], address: str | None) -> int:

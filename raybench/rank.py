@@ -27,8 +27,8 @@ import torch
 
 from raybench import artifacts, metrics, process_group, workloads
 from raybench.context import WorkerContext, process_start
-from raybench.grid import TrialSpec, artifact_dir, trace_path
 from raybench.records import TrialOutcome
+from raybench.trials import TrialSpec, artifact_dir, trace_path
 from raybench.worker import run_worker
 
 log = logging.getLogger(__name__)

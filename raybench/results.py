@@ -34,10 +34,10 @@ import pyarrow.parquet as pq
 import yaml
 
 from raybench import columns, interrupts, store, workloads
-from raybench.grid import TrialSpec
 from raybench.records import Status, TrialOutcome, now, present, uniform_cells
 from raybench.report.assess import validity
 from raybench.spec import SpecError, SweepSpec, validate_sweep
+from raybench.trials import TrialSpec
 
 log = logging.getLogger(__name__)
 ID_COLUMNS = ["sweep", "run_id", "stage", "trial_index", "trial_key", "system", "start_time",

@@ -8,14 +8,13 @@ Every probe is an ordinary trial row; the answer is one more row with `stage=sea
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 from raybench.columns import Metric, declare
-from raybench.grid import TrialSpec, trial_key
 from raybench.records import TrialOutcome, now
 from raybench.sections import LargestBatchSpec
+from raybench.trials import TrialSpec, derive
 
 declare(  # the answer's row (results.RowWriter.write_search)
     Metric("search/largest_batch", "count", "largest batch per rank that fitted (0: none)"),
@@ -39,11 +38,8 @@ def fits(outcome: TrialOutcome, budget_mb: float | None) -> bool:
 
 
 def with_batch(trial: TrialSpec, batch: int, index: int) -> TrialSpec:
-    workload = trial.workload.model_copy(update={"batch_size": batch})
-    sections = {"workload": workload, "hardware": trial.hardware, "measure": trial.measure}
-    return dataclasses.replace(
-        trial, index=index, workload=workload, key=trial_key(trial.workload_name, sections),
-        overrides={**trial.overrides, "workload.batch_size": batch})
+    return derive(trial, rekey=True, index=index, workload={"batch_size": batch},
+                  overrides={**trial.overrides, "workload.batch_size": batch})
 
 
 def largest_batch(group: TrialSpec, spec: LargestBatchSpec,

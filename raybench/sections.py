@@ -48,6 +48,12 @@ class Strict(BaseModel):
     model_config = STRICT
 
 
+def revalidated(model: BaseModel, **changes: Any) -> BaseModel:
+    """A copy of a validated section with `changes`, through its validators again (pydantic's
+    `model_copy(update=...)` skips them): one way to change a section after it was checked."""
+    return type(model).model_validate({**model.model_dump(), **changes})
+
+
 class SystemSpec(Strict):
     """The machine a sweep is written for; used to plan and to label results."""
 

@@ -11,7 +11,6 @@ interrupted by SIGINT/SIGTERM (the rows written so far are whole; `--resume` fin
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import sys
 import threading
@@ -21,7 +20,7 @@ from typing import Any
 
 from raybench import cli, fingerprint, interrupts, runners, store, workloads
 from raybench.data.stage import PreprocessSpec
-from raybench.grid import TrialSpec, stage_variants
+from raybench.grid import stage_variants
 from raybench.history import History
 from raybench.progress import Progress
 from raybench.records import TrialOutcome
@@ -42,6 +41,7 @@ from raybench.results import (
 from raybench.runners import Runner
 from raybench.search import search_all
 from raybench.spec import SpecError, SweepSpec, load_sections
+from raybench.trials import TrialSpec, derive
 
 log = logging.getLogger("raybench.sweep")
 
@@ -284,7 +284,7 @@ def _with_stage_output(trials: list[TrialSpec], outputs: list[str | None]) -> li
     With several stage variants there is no single answer: the workload then makes its own."""
     if len(outputs) != 1 or outputs[0] is None:
         return trials
-    return [dataclasses.replace(t, workload=workloads.get(t.workload_name).stage_input(
+    return [derive(t, rekey=False, workload=workloads.get(t.workload_name).stage_input(
         t.workload, outputs[0])) for t in trials]
 
 

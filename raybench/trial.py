@@ -30,12 +30,12 @@ from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 from raybench import artifacts, fabric, metrics
 from raybench.columns import Metric, declare
 from raybench.failures import failure
-from raybench.grid import TrialSpec
 from raybench.metrics import overhead
 from raybench.plan import NODE_TOKEN
 from raybench.process_group import ProcessGroupConfig
 from raybench.records import TrialOutcome, now
 from raybench.sections import ExecutionSpec, HardwareSpec
+from raybench.trials import TrialSpec
 
 log = logging.getLogger(__name__)
 

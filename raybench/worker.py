@@ -27,11 +27,11 @@ import torch
 
 from raybench import fabric, workloads
 from raybench.context import WorkerContext
-from raybench.grid import TrialSpec
 from raybench.memory import peak_rss_mb, reset_peak_rss, steady_heap
 from raybench.metrics import REPEAT_CV_LIMIT_PCT, cv_pct
 from raybench.records import RankRecord
 from raybench.telemetry import aggregate, open_sampler
+from raybench.trials import TrialSpec
 
 log = logging.getLogger(__name__)
 

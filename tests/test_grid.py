@@ -90,6 +90,34 @@ def test_ranks_sharing_a_gpu_ask_for_its_share_and_talk_over_gloo(write_sweep):
     assert (one.world_size, one.backend, one.gpu_share) == (1, "nccl", 1)
 
 
+def test_derived_trials_are_validated_and_rekeyed_only_when_asked(write_sweep):
+    from pydantic import ValidationError
+
+    from raybench.trials import derive
+
+    t = expand(load_sweep(write_sweep()))[0]
+    probe = derive(t, rekey=True, index=7, workload={"batch_size": 64})
+    assert (probe.index, probe.workload.batch_size, probe.hardware) == (7, 64, t.hardware)
+    assert probe.key != t.key and probe.overrides == t.overrides
+    assert probe.key == expand(load_sweep(write_sweep(), ["grid.batch_size=[64]"]))[0].key
+    resized = derive(t, rekey=False, workload={"batch_size": 1})
+    assert (resized.key, resized.index) == (t.key, t.index)
+    with pytest.raises(ValidationError, match="batch_size"):
+        derive(t, rekey=False, workload={"batch_size": 0})
+    with pytest.raises(ValidationError, match="batch_sise"):
+        derive(t, rekey=False, workload={"batch_sise": 8})
+
+
+def test_no_section_is_changed_without_validation():
+    """Trials and sections change through trials.derive / sections.revalidated only."""
+    from tests.conftest import ROOT
+
+    hits = [f"{p.relative_to(ROOT)}:{n}" for p in sorted((ROOT / "raybench").rglob("*.py"))
+            for n, line in enumerate(p.read_text().splitlines(), 1)
+            if ".model_copy(" in line and not line.lstrip().startswith("#")]
+    assert not hits, f"model_copy skips validation: {hits}"
+
+
 def test_placement_totals_and_per_node(write_sweep):
     spec = load_sweep(write_sweep(), ["hardware.num_gpus=8", "hardware.cpus_per_worker=4"])
     t = expand(spec)[0]

@@ -123,3 +123,99 @@ def test_lazy_and_type_checking_imports_count(tmp_path, monkeypatch):
     (pkg / "d.py").write_text("from . import c\n")
     monkeypatch.setattr(sys.modules[__name__], "ROOT", pkg)
     assert cycles(import_graph()) == [["raybench.a", "raybench.b"], ["raybench.c", "raybench.d"]]
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for m in graph[todo.pop()] - seen:
+            seen.add(m)
+            todo.append(m)
+    return seen
+
+
+@pytest.mark.parametrize("rank_side", ["raybench.trials", "raybench.rank", "raybench.worker"])
+def test_the_ranks_import_no_sweep_loader(rank_side):
+    """What a rank runs (the trial it receives, the rank loop, the timed loop) reaches neither
+    the YAML loader, the grid nor the preprocess stage, lazily or not: those are the driver's."""
+    loader = {"raybench.spec", "raybench.grid", "raybench.data.stage"}
+    assert not reachable(import_graph(), rank_side) & loader
+
+
+def _workload_names() -> tuple[set[str], set[str]]:
+    """(the fields of some workload's own Params, the row columns workloads declare): what
+    only a workload's file may name. Fields of the contract's Params classes
+    (WorkloadParams, EpochParams) are everyone's."""
+    import importlib
+    import pkgutil
+
+    from raybench import workloads
+
+    for m in pkgutil.iter_modules(workloads.__path__):
+        if not m.name.startswith("_"):
+            importlib.import_module(f"raybench.workloads.{m.name}")
+    contract = {f for c in vars(workloads).values() if isinstance(c, type)
+                and issubclass(c, workloads.WorkloadParams) for f in c.model_fields}
+    fields, metrics = set(), set()
+    for name in workloads.names():
+        cls = workloads.get(name)
+        fields |= set(cls.Params.model_fields) - contract
+        metrics |= {m.key for m in cls.columns}
+    return fields, metrics
+
+
+def core_names_of_workloads(root: Path) -> list[str]:
+    """Where a core module (everything but the workloads' own files) names a workload's field
+    (`"workload.tile"`, `trial.workload.mode`, `p.prompt_tokens` after `p = trial.workload`) or
+    a column a workload declares (`"train/pixels_per_s"`): each `path:line: what`."""
+    fields, metrics = _workload_names()
+    core = [p for p in sorted(root.rglob("*.py")) if p.parent.name != "workloads"
+            or p.name == "__init__.py"]
+    found = []
+    for path in core:
+        tree = ast.parse(path.read_text(), str(path))
+        # names bound to a trial's workload parameters (`p = trial.workload`, or in a tuple)
+        aliases = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign):
+                for target in node.targets:
+                    pairs = zip(target.elts, node.value.elts, strict=False) if isinstance(
+                        target, ast.Tuple) and isinstance(node.value, ast.Tuple) else \
+                        [(target, node.value)]
+                    aliases |= {t.id for t, v in pairs if isinstance(t, ast.Name)
+                                and isinstance(v, ast.Attribute)
+                                and v.attr in ("workload", "params")}
+        for node in ast.walk(tree):
+            named = None
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                v = node.value
+                if v in metrics or (v.startswith("workload.") and v[9:] in fields):
+                    named = repr(v)
+            elif isinstance(node, ast.Attribute) and node.attr in fields and (
+                    (isinstance(node.value, ast.Attribute)
+                     and node.value.attr in ("workload", "params"))
+                    or (isinstance(node.value, ast.Name) and node.value.id in aliases)):
+                named = ast.unparse(node)
+            if named:
+                found.append(f"{path.relative_to(root.parent)}:{node.lineno}: {named}")
+    return found
+
+
+def test_no_core_module_names_a_workloads_field():
+    """The report ranks and draws through what workloads declare (headline_metric, size_axis,
+    references), the runners through their hooks: a workload is one file."""
+    found = core_names_of_workloads(ROOT)
+    assert not found, "core modules naming a workload's own fields or columns:\n" + \
+        "\n".join(found)
+
+
+def test_the_workload_names_check_finds_each_kind(tmp_path):
+    pkg = tmp_path / "raybench"
+    (pkg / "report").mkdir(parents=True)
+    (pkg / "report" / "x.py").write_text(
+        'A = "workload.tile"\nB = "train/pixels_per_s"\ndef f(t):\n    return t.workload.mode\n'
+        'OK = ("workload.batch_size", "train/samples_per_s", t.workload.batch_size)\n'
+        'def g(t):\n    p, hw = t.workload, t.hardware\n    return p.prompt_tokens, p.seed\n')
+    assert core_names_of_workloads(pkg) == [
+        "raybench/report/x.py:1: 'workload.tile'", "raybench/report/x.py:2: 'train/pixels_per_s'",
+        "raybench/report/x.py:4: t.workload.mode", "raybench/report/x.py:8: p.prompt_tokens"]

@@ -77,6 +77,10 @@ declare(
     Metric("train/epoch_times_s", "s", "each epoch's training time (JSON list)"),
     Metric("eval/time_s", "s", "evaluation time of every epoch"),
     Metric("eval/accuracy_metric", "text", "the workload's accuracy column"),
+    Metric("perf/headline_metric", "text", "the workload's headline rate column, which the "
+           "report ranks by (empty: train/samples_per_s)"),
+    Metric("perf/size_axis", "text", "the workload's size axis, a config column the report "
+           "draws throughput and memory against"),
     Metric("mem/peak_allocated_mb", "MB", "device memory peak allocated by tensors, any rank"),
     Metric("mem/peak_reserved_mb", "MB", "device memory peak held by the allocator, any rank"),
     Metric("mem/allocated_mb", "MB", "device memory allocated at the window's end, any rank"),
@@ -201,6 +205,8 @@ def summarize(records: Records) -> dict[str, Any]:
     if first.workload:  # the workload's own figures (records of older runs lack it)
         cls = workloads.get(first.workload)
         out["eval/accuracy_metric"] = cls.accuracy_metric
+        out["perf/headline_metric"] = cls.headline_metric
+        out["perf/size_axis"] = cls.size_axis
         out.update(cls.row_metrics(records, out))
     return out
 

@@ -20,7 +20,9 @@ import pyarrow.parquet as pq
 from raybench import columns, store
 from raybench.report import figures, page, reference
 from raybench.report.assess import (
+    HEADLINE,
     THROUGHPUT,
+    declared,
     rate_text,
     recommend,
     varied_columns,
@@ -32,7 +34,7 @@ TABLE_COLUMNS = ["valid", "trial/category", "run_id", "stage", "trial_key", "sta
                  THROUGHPUT,
                  "train/step_time_p50_ms", "train/step_time_p99_ms", "train/step_time_cv_pct",
                  "train/data_wait_pct", "mem/peak_allocated_mb", "host/rss_peak_mb",
-                 "train/pixels_per_s", "preprocess/chips_per_s", "search/largest_batch",
+                 "preprocess/chips_per_s", "search/largest_batch",
                  "infer/samples_per_s", "infer/scaling_efficiency_pct",
                  "infer/replica_samples_per_s_mean", "infer/projected_s", "infer/tokens_per_s",
                  "server/rate_qps", "server/queries_per_call", "server/p50_ms", "server/p99_ms",
@@ -59,8 +61,11 @@ def model(runs: list[dict[str, Any]], memory_budget_mb: float | None = None,
     df = with_scaling(pd.concat([r["frame"] for r in runs], ignore_index=True))
     judged = with_validity(df)
     varied = varied_columns(df[df["stage"] == "benchmark"] if "stage" in df else df)
-    shown = [c for c in TABLE_COLUMNS[:6] if c in judged] + varied + \
-        [c for c in TABLE_COLUMNS[6:] if c in judged and judged[c].notna().any()]
+    # the core's columns, and after samples/s the headline rate the rows' workload declared
+    headline = declared(judged.to_dict("records"), HEADLINE, "headline_metric")
+    table = TABLE_COLUMNS[:8] + ([headline] if headline else []) + TABLE_COLUMNS[8:]
+    shown = [c for c in table[:6] if c in judged] + varied + \
+        [c for c in table[6:] if c in judged and judged[c].notna().any()]
     sweeps = sorted(set(df["sweep"].astype(str))) if "sweep" in df else ["?"]
     header = []
     for r in runs:

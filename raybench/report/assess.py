@@ -15,7 +15,7 @@ from typing import Any
 
 import pandas as pd
 
-from raybench import fabric
+from raybench import columns, fabric, workloads
 from raybench.metrics import REPEAT_CV_LIMIT_PCT, SLOW_RANK_PCT
 from raybench.telemetry import POWER_CAP
 
@@ -25,11 +25,13 @@ CV_LIMIT_PCT = 10.0  # step-time CV above this: the window was too noisy to trus
 # CV gave windows within 0.1-4.4% of each other), which a 10% rule would reject.
 MIN_STEPS = 10  # fewer measured steps than this give unstable percentiles
 THROUGHPUT = "train/samples_per_s"
-# Tiles of different sizes are not the same sample: where rows count pixels, pixels/s ranks them
-# (on an H100, 978 ViT-L tiles/s of 384 px are fewer pixels than 602 tiles/s of 512 px).
-PIXELS = "train/pixels_per_s"
-# the column naming each row's accuracy figure, which its workload declares (accuracy_metric)
+# Columns naming what each row's workload declared for the report (hooks on its class): its
+# accuracy figure (accuracy_metric), its headline rate, which ranks its rows where every row has
+# it (headline_metric: on an H100, 978 ViT-L tiles/s of 384 px are fewer pixels than 602 tiles/s
+# of 512 px), and its size axis (size_axis), which figures draw rates and memory against.
 ACCURACY_METRIC = "eval/accuracy_metric"
+HEADLINE = "perf/headline_metric"
+SIZE_AXIS = "perf/size_axis"
 # Inference rows: the Offline pass's samples/s, the Server rate found (in samples/s).
 OFFLINE = "infer/samples_per_s"
 SERVER = "server/samples_per_s"
@@ -154,19 +156,25 @@ def recommend(df: pd.DataFrame, memory_budget_mb: float | None = None) -> dict[s
         return out
     if key != THROUGHPUT:
         rows = [{**r, THROUGHPUT: r[key]} for r in rows]  # what _pick and the page read
-    rate = PIXELS if all(_num(r.get(PIXELS)) for r in rows) else THROUGHPUT
-    out["ranked_by"] = rate if rate == PIXELS or key == THROUGHPUT else key
-    out["fastest"] = _pick(max(rows, key=lambda r: r[rate]), varied)
+    headline = declared(rows, HEADLINE, "headline_metric")
+    rate = headline if headline and all(_num(r.get(headline)) for r in rows) else THROUGHPUT
+    out["ranked_by"] = rate if rate != THROUGHPUT or key == THROUGHPUT else key
+    shown = rate if rate != THROUGHPUT else None
+
+    def pick(row: dict[str, Any]) -> dict[str, Any]:
+        return _pick(row, varied, shown)
+
+    out["fastest"] = pick(max(rows, key=lambda r: r[rate]))
     if memory_budget_mb is not None:
         fitting = [r for r in rows if (peak_memory_mb(r) or float("inf")) <= memory_budget_mb]
         if fitting:
-            out["fastest_within_budget"] = _pick(max(fitting, key=lambda r: r[rate]), varied)
+            out["fastest_within_budget"] = pick(max(fitting, key=lambda r: r[rate]))
     acc_key = accuracy_key(rows)
     if acc_key:
         scored = [r for r in rows if _num(r.get(acc_key))]
         best = max(scored, key=lambda r: r[acc_key] * r[THROUGHPUT])
-        out["best_accuracy_per_s"] = _pick(best, varied) | {"accuracy_metric": acc_key,
-                                                            "accuracy": best[acc_key]}
+        out["best_accuracy_per_s"] = pick(best) | {"accuracy_metric": acc_key,
+                                                    "accuracy": best[acc_key]}
     return out
 
 
@@ -178,10 +186,43 @@ def accuracy_key(rows: list[dict[str, Any]]) -> str | None:
     return max(sorted(set(named)), key=named.count) if named else None
 
 
+def declared(rows: list[dict[str, Any]], column: str, hook: str) -> str | None:
+    """What these rows' workload declared for the report in `column` (written to each row):
+    the most common name, so one odd row does not change it. Rows of runs older than the
+    column: the class attribute `hook` of their workload (`workload.name`), where it is known."""
+    named = [r[column] for r in rows if isinstance(r.get(column), str)]
+    if not named and not any(column in r for r in rows):
+        for name in sorted({r.get("workload.name") for r in rows} - {None}):
+            try:
+                value = getattr(workloads.get(str(name)), hook)
+            except KeyError:  # a workload this version no longer has
+                continue
+            named += [value] if value else []
+    return max(sorted(set(named)), key=named.count) if named else None
+
+
+def size_axis(df: pd.DataFrame) -> str | None:
+    """The size axis these rows' workload declared (a config column such as the tile), where
+    the grid varied it; None: nothing to draw against."""
+    axis = declared(df.to_dict("records"), SIZE_AXIS, "size_axis")
+    return axis if axis and axis in df and df[axis].nunique() > 1 else None
+
+
 def rate_text(pick: dict[str, Any]) -> str:
-    """The pick's throughput as people read it: samples/s, and pixels/s where counted."""
-    px = pick.get("pixels_per_s")
-    return f"{pick['samples_per_s']:.1f} samples/s" + (f" ({px / 1e6:.1f} Mpx/s)" if px else "")
+    """The pick's throughput as people read it: samples/s, and its workload's headline rate
+    where it declares one (pixels/s of tiles)."""
+    text = f"{pick['samples_per_s']:.1f} samples/s"
+    headline = pick.get("headline")
+    if not headline:
+        return text
+    metric = columns.lookup(headline["metric"])  # else as its key spells it: x_per_s, x/s
+    unit = metric.unit if metric else headline["metric"].rpartition("/")[2].replace("_per_", "/")
+    value, prefix = headline["value"], ""
+    for scale, p in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            value, prefix = value / scale, p
+            break
+    return f"{text} ({value:.1f} {prefix}{unit})"
 
 
 def config_label(row: dict[str, Any], varied: list[str]) -> str:
@@ -206,10 +247,12 @@ def varied_columns(df: pd.DataFrame) -> list[str]:
                    and (df[c].astype(str).groupby([keys[a] for a in axes]).nunique() > 1).any()]
 
 
-def _pick(row: dict[str, Any], varied: list[str]) -> dict[str, Any]:
+def _pick(row: dict[str, Any], varied: list[str], headline: str | None = None
+          ) -> dict[str, Any]:
     return {"trial_key": row.get("trial_key"), "run_id": row.get("run_id"),
             "label": config_label(row, varied), "samples_per_s": row.get(THROUGHPUT),
-            "pixels_per_s": row.get(PIXELS) if _num(row.get(PIXELS)) else None,
+            "headline": {"metric": headline, "value": row[headline]}
+            if headline and _num(row.get(headline)) else None,
             "peak_memory_mb": peak_memory_mb(row),
             "config": {k: row[k] for k in varied if k in row}}
 

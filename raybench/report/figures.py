@@ -2,7 +2,7 @@
 apply to the data, e.g. scaling with a single GPU count). Pure: no files, no globals.
 
 Owns which quantity goes on which axis and how series are grouped: throughput vs batch per
-worker count and precision, scaling efficiency against the ideal line, memory vs batch and tile,
+worker count and precision, scaling efficiency against the ideal line, memory vs batch and size,
 memory vs throughput with the Pareto frontier, step-time distributions per trial and per rank,
 and the preprocess stage.
 """
@@ -22,6 +22,7 @@ from raybench.report.assess import (
     accuracy_key,
     config_label,
     peak_memory_mb,
+    size_axis,
     trained_rows,
     varied_columns,
 )
@@ -39,8 +40,9 @@ def throughput_vs_batch(df: pd.DataFrame) -> go.Figure | None:
     ok = trained_rows(df)
     if ok.empty or BATCH not in ok or ok[BATCH].nunique() < 2:
         return None
-    keys = [k for k in ("run_id", WORLD, PRECISION, "workload.tile", "workload.mode")
-            if k in ok and ok[k].nunique() > 1]
+    # a line per run, rank count, precision and other workload setting the grid varied
+    keys = [k for k in ("run_id", WORLD, PRECISION) if k in ok and ok[k].nunique() > 1] + \
+        [c for c in varied_columns(ok) if c.startswith("workload.") and c != BATCH]
     fig = go.Figure()
     for name, part in ok.groupby(keys, dropna=False) if keys else [("all", ok)]:
         part = part.groupby(BATCH, as_index=False)[THROUGHPUT].max().sort_values(BATCH)
@@ -88,14 +90,15 @@ def memory_vs_batch(df: pd.DataFrame) -> go.Figure | None:
                         "host/rss_peak_mb") if c in ok and ok[c].notna().any()]
     if not cols:
         return None
-    tile = "workload.tile" if "workload.tile" in ok and ok["workload.tile"].nunique() > 1 else None
+    axis = size_axis(ok)
+    size = axis.split(".", 1)[-1] if axis else None
     fig = go.Figure()
     for col in cols:
-        for t, part in ok.groupby(tile) if tile else [(None, ok)]:
+        for t, part in ok.groupby(axis) if axis else [(None, ok)]:
             part = part.groupby(BATCH, as_index=False)[col].max().sort_values(BATCH)
-            name = col.split("/")[1] + (f", tile={t}" if tile else "")
+            name = col.split("/")[1] + (f", {size}={t}" if axis else "")
             fig.add_trace(go.Scatter(x=part[BATCH], y=part[col], mode="lines+markers", name=name))
-    fig.update_layout(title="Memory vs batch size" + (" and tile" if tile else ""),
+    fig.update_layout(title="Memory vs batch size" + (f" and {size}" if axis else ""),
                       xaxis_title="batch size per rank", yaxis_title="MB")
     return fig
 
@@ -261,8 +264,8 @@ def all_figures(df: pd.DataFrame, details: dict[str, dict[str, Any]]
     details = {k: d for k, d in every.items() if not (d.get("trial") or {}).get("inference")}
     candidates = [
         ("throughput", throughput_vs_batch(df)), ("scaling", scaling_efficiency(df)),
-        ("memory", memory_vs_batch(df)), ("tile_throughput", tiles.throughput_vs_tile(df)),
-        ("tile_memory", tiles.memory_vs_tile(df)), ("step_breakdown", tiles.step_breakdown(df)),
+        ("memory", memory_vs_batch(df)), ("size_throughput", tiles.throughput_vs_size(df)),
+        ("size_memory", tiles.memory_vs_size(df)), ("step_breakdown", tiles.step_breakdown(df)),
         ("pareto", memory_vs_throughput(df)),
         ("steps", step_time_distributions(details, df)), ("ranks", rank_skew(details)),
         ("telemetry", gpu_timelines(details)),

@@ -1,55 +1,22 @@
 """Published reference figures beside measured rows: what a GPU is known to do on a workload.
 
-Owns a small table of figures from public sources (GPU, workload, mode, precision, batch,
-samples/s per GPU, source) and `compare`, which pairs each with the best valid measured row of
-the same GPU (the device name, matched as a whole word), workload, mode and precision (and
-batch, where the source states one) and gives measured / published. Pure. A new figure is one
-line, with its source.
+Owns `compare`, which pairs each figure the rows' workloads publish (`Workload.references`:
+GPU, the config that defines it, mode, precision, batch, samples/s per GPU, source) with the
+best valid measured row of the same GPU (the device name, matched as a whole word), workload,
+mode and precision (and batch, where the source states one) and gives measured / published.
+Pure. A new figure is one line in its workload's file, with its source.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 
+from raybench import workloads
 from raybench.flops import names_gpu
 from raybench.report.assess import _num
-
-# NVIDIA DeepLearningExamples, PyTorch/Classification/ConvNets/resnet50v1.5/README.md,
-# "Training performance results" / "Inference performance results" (pytorch-21.03 NGC
-# container, DALI input pipeline, ResNet-50 v1.5 at 224 px; training per GPU from the 1-GPU
-# rows, at the launch script's per-platform batch).
-_RN50 = "NVIDIA DeepLearningExamples ResNet50 v1.5 PyTorch README (NGC 21.03)"
-
-
-@dataclass(frozen=True)
-class Reference:
-    gpu: str  # a whole word of the device name ("A100", "V100-SXM2-16GB", "T4")
-    workload: dict[str, Any]  # the row's config values that define it
-    mode: str  # "train" | "inference"
-    precision: str  # raybench's name: fp32 | tf32 | amp_fp16 | bf16
-    batch: int | None  # per GPU, where the source gives one
-    samples_per_s: float  # per GPU
-    source: str
-
-
-RESNET50 = {"workload.name": "resnet", "workload.depth": 50, "workload.image_size": 224}
-REFERENCES = [
-    Reference("A100", RESNET50, "train", "tf32", None, 938.0, _RN50 + ", DGX A100 80GB"),
-    Reference("A100", RESNET50, "train", "amp_fp16", None, 2470.0, _RN50 + ", DGX A100 80GB"),
-    Reference("V100-SXM2-16GB", RESNET50, "train", "fp32", None, 367.0, _RN50 + ", DGX-1 16GB"),
-    Reference("V100-SXM2-16GB", RESNET50, "train", "amp_fp16", None, 1200.0,
-              _RN50 + ", DGX-1 16GB"),
-    Reference("V100-SXM2-32GB", RESNET50, "train", "fp32", None, 356.0, _RN50 + ", DGX-1 32GB"),
-    Reference("V100-SXM2-32GB", RESNET50, "train", "amp_fp16", None, 1156.0,
-              _RN50 + ", DGX-1 32GB"),
-    Reference("V100-SXM2-16GB", RESNET50, "inference", "fp32", 256, 1261.0, _RN50),
-    Reference("V100-SXM2-16GB", RESNET50, "inference", "amp_fp16", 256, 3382.0, _RN50),
-    Reference("T4", RESNET50, "inference", "fp32", 64, 428.0, _RN50),
-    Reference("T4", RESNET50, "inference", "amp_fp16", 256, 1198.0, _RN50),
-]
+from raybench.workloads import Reference
 
 COLUMNS = ["gpu", "workload", "mode", "precision", "batch", "published_per_gpu",
            "measured_per_gpu", "ratio", "trial_key", "source", "note"]
@@ -65,13 +32,27 @@ def _per_gpu(row: dict[str, Any], mode: str) -> float | None:
     return float(v) if _num(v) else None
 
 
-def compare(judged: pd.DataFrame, references: list[Reference] = REFERENCES,
+def published(names: list[str]) -> list[Reference]:
+    """The figures these workloads publish, each once (a family's members share its table)."""
+    out: dict[Reference, None] = {}
+    for name in sorted(set(names)):
+        try:
+            out.update(dict.fromkeys(workloads.get(name).references))
+        except KeyError:  # a workload this version no longer has
+            continue
+    return list(out)
+
+
+def compare(judged: pd.DataFrame, references: list[Reference] | None = None,
             allow_quick: bool = False) -> list[dict[str, Any]]:
-    """Each reference with the best valid measured row that matches it (none: not shown). A
-    published figure is a canonical measurement: a quick row (trial/category) is shown beside
-    it without a ratio unless `allow_quick`."""
+    """Each reference (default: those of the rows' workloads) with the best valid measured row
+    that matches it (none: not shown). A published figure is a canonical measurement: a quick
+    row (trial/category) is shown beside it without a ratio unless `allow_quick`."""
     if judged.empty or "device" not in judged:
         return []
+    if references is None:
+        names = judged["workload.name"].dropna() if "workload.name" in judged else []
+        references = published([str(n) for n in names])
     rows = [r for r in judged.to_dict("records") if r.get("valid", True) is not False]
     out = []
     for ref in references:

@@ -1,7 +1,8 @@
-"""Figures the tile suites draw: throughput and memory against tile size (a line per batch),
-and where a step's time goes (its timed phases stacked per configuration).
+"""Figures of a workload's size axis (the tile of a tiled model, as its workload declares it:
+`Workload.size_axis`): throughput and memory against it, a line per batch; and where a step's
+time goes (its timed phases stacked per configuration).
 
-Pure: results frames in, plotly figures out, None where the data has no tile axis or no
+Pure: results frames in, plotly figures out, None where the data has no size axis or no
 phases. The phases are whatever a workload timed with `ctx.phase` (`train/<phase>_mean_ms`).
 """
 
@@ -16,19 +17,19 @@ from raybench.report.assess import (
     THROUGHPUT,
     config_label,
     peak_memory_mb,
+    size_axis,
     trained_rows,
     varied_columns,
 )
 
-TILE = "workload.tile"
 BATCH = "workload.batch_size"
 # Means of the step and of parts that are not phases a workload timed
 _NOT_PHASES = {"step_time", "compute_time", "data_wait", "own_compute"}
 
 
-def _per_batch(ok: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
-    """One series per batch size (and per other axis the grid varied, tile excepted)."""
-    keys = [c for c in varied_columns(ok) if c != TILE]
+def _per_batch(ok: pd.DataFrame, axis: str) -> list[tuple[str, pd.DataFrame]]:
+    """One series per batch size (and per other axis the grid varied, the size axis excepted)."""
+    keys = [c for c in varied_columns(ok) if c != axis]
     if BATCH in ok and BATCH not in keys:
         keys.insert(0, BATCH)
     if not keys:
@@ -37,37 +38,41 @@ def _per_batch(ok: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     for name, part in ok.groupby(keys, dropna=False):
         values = name if isinstance(name, tuple) else (name,)
         label = ", ".join(f"{k.split('.', 1)[1]}={v}" for k, v in zip(keys, values, strict=True))
-        out.append((label, part.sort_values(TILE)))
+        out.append((label, part.sort_values(axis)))
     return out
 
 
-def throughput_vs_tile(df: pd.DataFrame) -> go.Figure | None:
+def throughput_vs_size(df: pd.DataFrame) -> go.Figure | None:
     ok = trained_rows(df)
-    if ok.empty or TILE not in ok or ok[TILE].nunique() < 2:
+    axis = None if ok.empty else size_axis(ok)
+    if axis is None:
         return None
+    size = axis.split(".", 1)[-1]
     fig = go.Figure()
-    for label, part in _per_batch(ok):
-        fig.add_trace(go.Scatter(x=part[TILE], y=part[THROUGHPUT], mode="lines+markers",
+    for label, part in _per_batch(ok, axis):
+        fig.add_trace(go.Scatter(x=part[axis], y=part[THROUGHPUT], mode="lines+markers",
                                  name=label))
-    fig.update_layout(title="Throughput vs tile size (a line per batch)",
-                      xaxis_title="tile (pixels per side)", yaxis_title="samples/s (all ranks)")
+    fig.update_layout(title=f"Throughput vs {size} (a line per batch)",
+                      xaxis_title=size, yaxis_title="samples/s (all ranks)")
     return fig
 
 
-def memory_vs_tile(df: pd.DataFrame) -> go.Figure | None:
-    """The memory that limits a tile: device peak on GPU, process peak on CPU."""
+def memory_vs_size(df: pd.DataFrame) -> go.Figure | None:
+    """The memory that limits a size: device peak on GPU, process peak on CPU."""
     ok = trained_rows(df)
-    if ok.empty or TILE not in ok or ok[TILE].nunique() < 2:
+    axis = None if ok.empty else size_axis(ok)
+    if axis is None:
         return None
+    size = axis.split(".", 1)[-1]
     fig = go.Figure()
-    for label, part in _per_batch(ok):
+    for label, part in _per_batch(ok, axis):
         peaks = [peak_memory_mb(r) for r in part.to_dict("records")]
         if any(p is not None for p in peaks):
-            fig.add_trace(go.Scatter(x=part[TILE], y=peaks, mode="lines+markers", name=label))
+            fig.add_trace(go.Scatter(x=part[axis], y=peaks, mode="lines+markers", name=label))
     if not fig.data:
         return None
-    fig.update_layout(title="Peak memory vs tile size (a line per batch)",
-                      xaxis_title="tile (pixels per side)", yaxis_title="MB")
+    fig.update_layout(title=f"Peak memory vs {size} (a line per batch)",
+                      xaxis_title=size, yaxis_title="MB")
     return fig
 
 

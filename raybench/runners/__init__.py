@@ -16,9 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
-from raybench.grid import TrialSpec
 from raybench.records import TrialOutcome
 from raybench.spec import SweepSpec
+from raybench.trials import TrialSpec
 
 Done = Callable[[TrialSpec, TrialOutcome], None]
 

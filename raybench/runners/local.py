@@ -24,10 +24,10 @@ import torch
 from raybench import fabric, metrics
 from raybench.context import WorkerContext, process_start
 from raybench.failures import failure
-from raybench.grid import TrialSpec, artifact_dir, trace_path
 from raybench.metrics import overhead
 from raybench.records import TrialOutcome, now
 from raybench.runners import Done, Runner
+from raybench.trials import TrialSpec, artifact_dir, trace_path
 from raybench.worker import run_worker
 
 

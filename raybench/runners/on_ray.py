@@ -18,11 +18,11 @@ from typing import Any
 
 from raybench import artifacts, cluster, plan, store
 from raybench.columns import Metric, declare
-from raybench.grid import TrialSpec, artifact_dir
 from raybench.records import TrialOutcome, now
 from raybench.results import storage_uri
 from raybench.runners import Done, Runner
 from raybench.spec import SpecError
+from raybench.trials import TrialSpec, artifact_dir
 
 log = logging.getLogger("raybench.sweep")
 

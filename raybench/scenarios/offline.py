@@ -24,9 +24,9 @@ import numpy as np
 from raybench import workloads
 from raybench.columns import Metric, declare
 from raybench.flops import mfu
-from raybench.grid import TrialSpec
 from raybench.metrics import device_column
 from raybench.scenarios.replica import Replica
+from raybench.trials import TrialSpec
 
 declare(
     Metric("infer/samples", "count", "samples in the timed pass"),
@@ -93,14 +93,13 @@ def summarize(records: list[dict[str, Any]], stats: list[dict[str, Any]], trial:
         out["infer/projected_s"] = setup + inf.project_samples / rate
     gen = [r for r in records if r.get("first_token_s") is not None]
     if gen:
-        p = trial.workload
         prefill = sum(r["first_token_s"] for r in gen)
         decode = sum(r["service_s"] - r["first_token_s"] for r in gen)
         out["infer/tokens_per_s"] = sum(r["n"] * r["tokens"] for r in gen) / wall
         # While prefilling / decoding, per replica, summed over replicas: the two phases'
         # own rates, which a serving system schedules separately.
         out["infer/prefill_tokens_per_s"] = len(by_replica) * sum(
-            r["n"] * p.prompt_tokens for r in gen) / prefill
+            r["n"] * r["prompt_tokens"] for r in gen) / prefill
         out["infer/decode_tokens_per_s"] = len(by_replica) * sum(
             r["n"] * (r["tokens"] - 1) for r in gen) / decode if decode > 0 else None
     out.update(accuracy(records, stats, trial))

@@ -25,8 +25,9 @@ import torch
 
 from raybench import flops, workloads
 from raybench.context import WorkerContext
-from raybench.grid import TrialSpec
 from raybench.memory import peak_rss_mb, steady_heap
+from raybench.sections import revalidated
+from raybench.trials import TrialSpec
 from raybench.worker import check_env
 
 log = logging.getLogger(__name__)
@@ -92,7 +93,7 @@ class Replica:
 
     def _reference(self, ids: np.ndarray) -> dict[int, np.ndarray]:
         """Predictions of the same weights in IEEE fp32 (no compile) on the same inputs."""
-        hw = self.trial.hardware.model_copy(update={"precision": "fp32", "compile": False})
+        hw = revalidated(self.trial.hardware, precision="fp32", compile=False)
         ref = self._build(hw)
         out: dict[int, np.ndarray] = {}
         b = self.trial.workload.batch_size
@@ -137,6 +138,7 @@ class Replica:
             "replica": self.index, "node": self.node, "pid": os.getpid(), "n": len(ids),
             "t_start": wall, "t_end": wall + service_s, "service_s": service_s,
             "first_token_s": out.get("first_token_s"), "tokens": out.get("tokens"),
+            "prompt_tokens": out.get("prompt_tokens"),
             "matches": matches, "compared": compared,
         }
 

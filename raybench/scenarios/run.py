@@ -21,10 +21,10 @@ import torch
 from raybench import workloads
 from raybench.columns import Metric, declare
 from raybench.failures import failure
-from raybench.grid import TrialSpec
 from raybench.records import TrialOutcome
 from raybench.scenarios import offline, server
 from raybench.scenarios.replica import Replica
+from raybench.trials import TrialSpec, derive
 
 QUERY_POOL = 64  # distinct query inputs a Server run cycles through (made once, sent many times)
 
@@ -201,10 +201,8 @@ def _server_local(trial: TrialSpec) -> TrialOutcome:
 def _query_sized(trial: TrialSpec) -> TrialSpec:
     """The trial whose warmup batch is the largest call a replica takes (one query, or
     max_batch_queries of them), so the measured warmup time is that call's."""
-    import dataclasses
-
     b = trial.inference.query_samples * trial.inference.max_batch_queries
-    return dataclasses.replace(trial, workload=trial.workload.model_copy(update={"batch_size": b}))
+    return derive(trial, rekey=False, workload={"batch_size": b})
 
 
 class _RayServerReplica(Replica):

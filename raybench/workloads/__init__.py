@@ -16,7 +16,8 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -31,7 +32,21 @@ if TYPE_CHECKING:
 
     from raybench.context import WorkerContext
     from raybench.records import RankRecord
-    from raybench.sections import HardwareSpec
+    from raybench.sections import HardwareSpec, MeasureSpec
+
+
+@dataclass(frozen=True, eq=False)
+class Reference:
+    """A published figure of a GPU on a workload's configuration (report/reference.py sets it
+    beside the best matching measured row); a workload lists its own (`references`)."""
+
+    gpu: str  # a whole word of the device name ("A100", "V100-SXM2-16GB", "T4")
+    workload: dict[str, Any]  # the row's config values that define it (workload.name too)
+    mode: str  # "train" | "inference"
+    precision: str  # raybench's name: fp32 | tf32 | amp_fp16 | bf16
+    batch: int | None  # per GPU, where the source gives one
+    samples_per_s: float  # per GPU
+    source: str
 
 
 class WorkloadParams(BaseModel):
@@ -40,6 +55,12 @@ class WorkloadParams(BaseModel):
     model_config = STRICT
     batch_size: int = Field(32, ge=1, description="samples per rank per step")
     seed: int = 0
+
+
+class EpochParams(WorkloadParams):
+    """Parameters every epoch-based workload has (`EpochWorkload`)."""
+
+    epochs: int = Field(5, ge=1, description="passes over the dataset")
 
 
 class Workload(ABC):
@@ -60,6 +81,14 @@ class Workload(ABC):
     # `serving_validation_ids` and `serving_score`); None there: agreement of predictions with
     # an fp32 reference pass of the same weights.
     accuracy_metric: ClassVar[str | None] = None
+    # The rate the report ranks this workload's training rows by, a row column it declares in
+    # `columns` (tiles of different sizes are not the same sample: pixels/s); None: samples/s.
+    headline_metric: ClassVar[str | None] = None
+    # Its own size axis, a config column the report draws throughput and memory against, a
+    # line per batch (the tile of a tiled model); None: no such figures.
+    size_axis: ClassVar[str | None] = None
+    # Published figures of GPUs on this workload's configurations, each with its source.
+    references: ClassVar[tuple[Reference, ...]] = ()
     # The row columns this workload adds (through `row_metrics`, or `end_epoch`'s figures),
     # each with its unit; registered with the core's when the workload registers.
     columns: ClassVar[tuple[Metric, ...]] = ()
@@ -98,6 +127,24 @@ class Workload(ABC):
     def trains(self) -> bool:
         """Whether a step runs backward too (FLOPs are counted accordingly)."""
         return True
+
+    @classmethod
+    def bare_loop(cls, params: WorkloadParams, hardware: HardwareSpec,
+                  measure: MeasureSpec) -> float:
+        """Samples/s of the same training as a plain single-process PyTorch loop, as a user
+        would write it without raybench (`bench overhead` sets raybench's trial beside it)."""
+        raise NotImplementedError(f"{cls.name} has no bare twin")
+
+    @classmethod
+    def forward_only(cls, params: WorkloadParams) -> bool:
+        """Whether a step of these params is one forward and nothing else (`bench
+        forward-check` compares its time with torch.utils.benchmark's)."""
+        return False
+
+    def forward_probe(self) -> Callable[[], Any]:
+        """After setup, for a forward-only trial: one forward of the step's own input, exactly
+        as the timed loop calls it."""
+        raise NotImplementedError(f"{self.name} has no forward-only step")
 
     def samples_per_step(self) -> int:
         """Samples one step trains or serves on this rank (an optimizer step's, all its
@@ -145,10 +192,10 @@ class Workload(ABC):
         return None
 
     @classmethod
-    def stage_input(cls, params: WorkloadParams, output: str) -> WorkloadParams:
-        """The params with the preprocess stage's output (a directory) filled in where this
-        workload reads it and the sweep left it unset; unchanged by default."""
-        return params
+    def stage_input(cls, params: WorkloadParams, output: str) -> dict[str, Any]:
+        """The fields of its params that take the preprocess stage's output (a directory) where
+        this workload reads it and the sweep left it unset: none by default."""
+        return {}
 
     @classmethod
     def saves_checkpoint(cls, params: WorkloadParams) -> bool:
@@ -158,7 +205,8 @@ class Workload(ABC):
 
 
 class EpochWorkload(Workload):
-    """A run of `params.epochs` passes over a dataset with `end_epoch` after each (evaluation).
+    """A run of `params.epochs` passes over a dataset with `end_epoch` after each (evaluation);
+    its `Params` subclass `EpochParams`.
     The timed loop measures every step but the first `warmup_steps`; measure_steps,
     measure_seconds and repeats do not apply."""
 
@@ -194,7 +242,8 @@ class Servable(Workload):
     def serve(self, inputs: dict[str, np.ndarray]) -> dict[str, Any]:
         """One forward on the device, finished when it returns: {"pred": per-sample integer
         predictions (classes, pixel classes, tokens)}, plus for generative models
-        "first_token_s" (from the call's start) and "tokens" (generated per sample)."""
+        "first_token_s" (from the call's start), "tokens" (generated per sample) and
+        "prompt_tokens" (per sample)."""
 
     @classmethod
     def serving_validation_ids(cls, params: WorkloadParams) -> np.ndarray:

@@ -164,7 +164,7 @@ class DecoderLm(Servable):
     def serve(self, inputs: dict[str, np.ndarray]) -> dict[str, Any]:
         tokens, first = self.generate(torch.from_numpy(inputs["prompt"]).to(self.ctx.device))
         return {"pred": tokens.cpu().numpy(), "first_token_s": first,
-                "tokens": self.params.gen_tokens}
+                "tokens": self.params.gen_tokens, "prompt_tokens": self.params.prompt_tokens}
 
     @property
     def model(self) -> torch.nn.Module:

@@ -8,6 +8,7 @@ ceiling, no input pipeline) and `imagefolder` (real JPEGs with the usual trainin
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
@@ -17,8 +18,9 @@ import torch
 from pydantic import Field, model_validator
 from torch.utils.data import Dataset
 
-from raybench.sections import HardwareSpec
-from raybench.workloads import Servable, WorkloadParams, _memory, register
+from raybench.memory import steady_heap
+from raybench.sections import HardwareSpec, MeasureSpec
+from raybench.workloads import Reference, Servable, WorkloadParams, _memory, register
 
 # torchvision is imported where a model or a dataset is built, not here: the sweep's driver
 # imports this module to validate the parameters, and torchvision (with torch._dynamo, which
@@ -80,10 +82,34 @@ class SyntheticImages(Dataset):
         return normalise(synthetic_image(self.seed, i, self.size)), i % self.classes
 
 
+# NVIDIA DeepLearningExamples, PyTorch/Classification/ConvNets/resnet50v1.5/README.md,
+# "Training performance results" / "Inference performance results" (pytorch-21.03 NGC
+# container, DALI input pipeline, ResNet-50 v1.5 at 224 px; training per GPU from the 1-GPU
+# rows, at the launch script's per-platform batch).
+_RN50 = "NVIDIA DeepLearningExamples ResNet50 v1.5 PyTorch README (NGC 21.03)"
+
+RESNET50 = {"workload.name": "resnet", "workload.depth": 50, "workload.image_size": 224}
+RESNET50_REFERENCES = (
+    Reference("A100", RESNET50, "train", "tf32", None, 938.0, _RN50 + ", DGX A100 80GB"),
+    Reference("A100", RESNET50, "train", "amp_fp16", None, 2470.0, _RN50 + ", DGX A100 80GB"),
+    Reference("V100-SXM2-16GB", RESNET50, "train", "fp32", None, 367.0, _RN50 + ", DGX-1 16GB"),
+    Reference("V100-SXM2-16GB", RESNET50, "train", "amp_fp16", None, 1200.0,
+              _RN50 + ", DGX-1 16GB"),
+    Reference("V100-SXM2-32GB", RESNET50, "train", "fp32", None, 356.0, _RN50 + ", DGX-1 32GB"),
+    Reference("V100-SXM2-32GB", RESNET50, "train", "amp_fp16", None, 1156.0,
+              _RN50 + ", DGX-1 32GB"),
+    Reference("V100-SXM2-16GB", RESNET50, "inference", "fp32", 256, 1261.0, _RN50),
+    Reference("V100-SXM2-16GB", RESNET50, "inference", "amp_fp16", 256, 3382.0, _RN50),
+    Reference("T4", RESNET50, "inference", "fp32", 64, 428.0, _RN50),
+    Reference("T4", RESNET50, "inference", "amp_fp16", 256, 1198.0, _RN50),
+)
+
+
 @register
 class Resnet(Servable):
     name = "resnet"
     Params = ResnetParams
+    references = RESNET50_REFERENCES
     params: ResnetParams
 
     @classmethod
@@ -117,6 +143,51 @@ class Resnet(Servable):
 
         return getattr(torchvision.models, f"resnet{self.params.depth}")(
             num_classes=self.params.num_classes)
+
+    @classmethod
+    def bare_loop(cls, p: WorkloadParams, hw: HardwareSpec, m: MeasureSpec) -> float:
+        """Samples/s of the same training as a plain single-process loop (torchvision model,
+        optimizer, DataLoader; timed with perf_counter around the whole window, no per-step
+        sync on CPU), as a user would write it without raybench."""
+        import torchvision
+
+        if not isinstance(p, ResnetParams):  # a family member (EfficientNet) has no twin
+            return super().bare_loop(p, hw, m)
+        device = torch.device("cuda", 0) if hw.use_gpu else torch.device("cpu")
+        # the heap every rank has (worker.py): else the comparison would also weigh glibc's
+        # history-dependent page faults (22-34 thousand/s in this loop by default), not the harness
+        steady_heap()
+        if not hw.use_gpu:
+            torch.set_num_threads(max(1, int(hw.cpus_per_worker)))  # as Ray gives a CPU worker
+        torch.manual_seed(p.seed)
+        model = getattr(torchvision.models, f"resnet{p.depth}")(num_classes=p.num_classes)
+        model = model.to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=p.lr, momentum=0.9, weight_decay=1e-4)
+        loss_fn = torch.nn.CrossEntropyLoss()
+        data = SyntheticImages(p.synthetic_samples, p.image_size, p.num_classes, p.seed)
+        w = hw.dataloader_workers
+        loader = torch.utils.data.DataLoader(
+            data, batch_size=p.batch_size, shuffle=True, num_workers=w, drop_last=True,
+            pin_memory=hw.use_gpu, persistent_workers=w > 0, prefetch_factor=4 if w > 0 else None)
+        batches = iter(loader)
+
+        def step() -> None:
+            images, labels = next(batches)
+            images, labels = images.to(device), labels.to(device)
+            opt.zero_grad(set_to_none=True)
+            loss_fn(model(images), labels).backward()
+            opt.step()
+
+        for _ in range(m.warmup_steps):
+            step()
+        if hw.use_gpu:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(m.measure_steps):
+            step()
+        if hw.use_gpu:
+            torch.cuda.synchronize()
+        return m.measure_steps * p.batch_size / (time.perf_counter() - start)
 
     def blocks(self) -> tuple[type[torch.nn.Module], ...]:
         """What activation checkpointing wraps."""

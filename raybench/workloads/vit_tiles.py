@@ -11,7 +11,7 @@ device: the question here is compute and memory, not the input pipeline.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
 import numpy as np
@@ -182,6 +182,14 @@ class VitTiles(Servable):
                 self.opt.step()
         return total
 
+    @classmethod
+    def forward_only(cls, params: WorkloadParams) -> bool:
+        return params.mode == "inference"
+
+    def forward_probe(self) -> Callable[[], Any]:
+        images = self._batch[0]
+        return lambda: self.infer(images)
+
     def infer(self, images: torch.Tensor) -> torch.Tensor:
         """One inference forward, exactly as timed (bench forward-check times this call too)."""
         if self._graph is not None:  # the captured forward reads the one resident batch
@@ -242,6 +250,8 @@ class VitTiles(Servable):
         p = self.params
         return {"input_shape": [p.bands, p.tile, p.tile], "pixels_per_sample": p.tile * p.tile}
 
+    headline_metric = "train/pixels_per_s"
+    size_axis = "workload.tile"
     columns = (
         Metric("train/pixels_per_s", "pixels/s", "samples/s x pixels per tile"),
         Metric("train/pixels_per_s_per_mb", "pixels/s/MB", "pixels/s per MB of the memory "

@@ -40,7 +40,7 @@ from raybench.data import xview3 as x3
 from raybench.data.chipset import ChipSet, chip_params_of, collate
 from raybench.data.stage import GenerateSpec
 from raybench.records import RankRecord
-from raybench.workloads import EpochWorkload, Servable, WorkloadParams, register
+from raybench.workloads import EpochParams, EpochWorkload, Servable, WorkloadParams, register
 
 log = logging.getLogger(__name__)
 NUM_CLASSES = 4  # background, fishing, non-fishing, non-vessel
@@ -49,7 +49,7 @@ SYNTH = "data/xview3_synth"
 SCORES = ("aggregate", "detection_f1", "shore_f1", "vessel_f1", "fishing_f1", "length_score")
 
 
-class FrcnnParams(WorkloadParams):
+class FrcnnParams(EpochParams):
     batch_size: int = Field(16, ge=1, description="chips per rank per step")
     backbone: Literal["resnet50_fpn", "resnet18_fpn", "mobilenet_v3_fpn"] = "resnet50_fpn"
     scenes: str = f"{SYNTH}/train"
@@ -67,7 +67,6 @@ class FrcnnParams(WorkloadParams):
     background: float = Field(0.5, ge=0, description="empty training chips per label row")
     eval_overlap: int = Field(32, ge=0, description="validation chip overlap (px); duplicates "
                               "in the overlap are removed")
-    epochs: int = Field(5, ge=1)
     eval_every: int = Field(1, ge=1, description="evaluate after every this many epochs (and "
                             "always after the last): evaluation of a long run costs time")
     lr: float = Field(0.005, gt=0)
@@ -272,9 +271,9 @@ class Xview3Frcnn(EpochWorkload, Servable):
                                                        for e in scored])}
 
     @classmethod
-    def stage_input(cls, params: WorkloadParams, output: str) -> WorkloadParams:
+    def stage_input(cls, params: WorkloadParams, output: str) -> dict[str, Any]:
         """The preprocess stage's chips, where the sweep names no `chips` directory."""
-        return params if params.chips else params.model_copy(update={"chips": output})
+        return {} if params.chips else {"chips": output}
 
     @classmethod
     def saves_checkpoint(cls, params: WorkloadParams) -> bool:

@@ -99,13 +99,21 @@ def test_measure_columns_that_follow_an_axis_are_not_axes():
     assert varied_columns(swept)[-1] == "measure.measure_steps"  # swept on its own: an axis
 
 
-def test_tiles_are_ranked_by_pixels_not_tiles():
+def test_tiles_are_ranked_by_the_headline_their_workload_declares():
+    """vit_tiles declares pixels/s its headline (tiles of different sizes are not the same
+    sample); rows name it, and rows of runs older than that column find it by workload.name."""
+    declared = {"perf/headline_metric": "train/pixels_per_s", "perf/size_axis": "workload.tile"}
     small = {**row("s", 8, 1, 978.0), "workload.tile": 384, "train/pixels_per_s": 978.0 * 384**2}
     large = {**row("l", 8, 1, 602.0), "workload.tile": 512, "train/pixels_per_s": 602.0 * 512**2}
-    rec = recommend(pd.DataFrame([small, large]))
+    rec = recommend(pd.DataFrame([small | declared, large | declared]))
     assert rec["ranked_by"] == "train/pixels_per_s" and rec["fastest"]["trial_key"] == "l"
-    assert "(157.8 Mpx/s)" in page.rate_text(rec["fastest"])
-    assert recommend(FRAME)["ranked_by"] == "train/samples_per_s"  # no pixel counts
+    assert "(157.8 Mpixels/s)" in page.rate_text(rec["fastest"])
+    old_run = pd.DataFrame([small | {"workload.name": "vit_tiles"},
+                            large | {"workload.name": "vit_tiles"}])
+    assert recommend(old_run)["fastest"]["trial_key"] == "l"
+    # a workload that declares nothing (or no workload named): samples/s, tiles or not
+    assert recommend(pd.DataFrame([small, large]))["fastest"]["trial_key"] == "s"
+    assert recommend(FRAME)["ranked_by"] == "train/samples_per_s"
 
 
 def test_pareto_front():
@@ -303,7 +311,8 @@ def test_epoch_curves_from_rank0_epochs():
 
 
 def tile_row(key, tile, batch, thr, rss, mode="train", fwd=None, bwd=None, opt=None, step=None):
-    r = {**row(key, batch, 1, thr, rss=rss), "workload.tile": tile, "workload.mode": mode}
+    r = {**row(key, batch, 1, thr, rss=rss), "workload.tile": tile, "workload.mode": mode,
+         "perf/size_axis": "workload.tile"}
     r.update({"train/forward_mean_ms": fwd, "train/backward_mean_ms": bwd,
               "train/optimizer_mean_ms": opt, "train/step_time_mean_ms": step})
     return r
@@ -315,16 +324,16 @@ def test_tile_figures_draw_a_line_per_batch():
     df = pd.DataFrame([tile_row("a", 64, 4, 90.0, 500.0), tile_row("b", 128, 4, 30.0, 900.0),
                        tile_row("c", 64, 8, 120.0, 700.0), tile_row("d", 128, 8, 40.0, 1500.0),
                        tile_row("e", 256, 8, 0.0, 0.0) | {"status": "oom"}])
-    thr = tiles.throughput_vs_tile(df)
+    thr = tiles.throughput_vs_size(df)
     assert [t.name for t in thr.data] == ["batch_size=4", "batch_size=8"]
     assert list(thr.data[1].x) == [64, 128] and list(thr.data[1].y) == [120.0, 40.0]
-    mem = tiles.memory_vs_tile(df)
+    mem = tiles.memory_vs_size(df)
     assert list(mem.data[0].y) == [500.0, 900.0]  # the process peak on CPU rows
     with_gpu = df.assign(**{"mem/peak_allocated_mb": [100.0, 300.0, 150.0, 450.0, None]})
-    assert list(tiles.memory_vs_tile(with_gpu).data[1].y) == [150.0, 450.0]  # device peak
-    assert tiles.throughput_vs_tile(df[df["workload.tile"] == 64]) is None  # no tile axis
+    assert list(tiles.memory_vs_size(with_gpu).data[1].y) == [150.0, 450.0]  # device peak
+    assert tiles.throughput_vs_size(df[df["workload.tile"] == 64]) is None  # no tile axis
     names = [n for n, _ in figures.all_figures(df, {})]
-    assert "tile_throughput" in names and "tile_memory" in names
+    assert "size_throughput" in names and "size_memory" in names
 
 
 def test_step_breakdown_stacks_the_timed_phases_and_the_rest():

@@ -235,7 +235,7 @@ def test_training_trial_keys_do_not_change_with_the_inference_section_absent():
     import hashlib
 
     t = expand(validate_sweep(BASE))[0]
-    from raybench.grid import KEY_NEUTRAL
+    from raybench.trials import KEY_NEUTRAL
 
     payload = {"workload.name": "fixed_service",
                **{s: getattr(t, s).model_dump(mode="json")
