@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from raybench.grid import expand, stage_variants
-from raybench.results import run_directory
+from raybench.rundir import run_directory
 from raybench.spec import SpecError, SweepSpec, load_sweep
 from raybench.trials import TrialSpec
 

@@ -24,14 +24,11 @@ from raybench.grid import stage_variants
 from raybench.history import History
 from raybench.progress import Progress
 from raybench.records import TrialOutcome
-from raybench.results import (
+from raybench.results import ResultsTable, RowWriter, finished, now
+from raybench.rundir import (
     LOCK,
-    ResultsTable,
-    RowWriter,
     code_version,
-    finished,
     history_root,
-    now,
     publish,
     run_facts,
     write_report,

@@ -7,7 +7,7 @@ import pandas as pd
 
 from raybench.grid import expand
 from raybench.plan import NODE_TOKEN, concurrency_limit, strategy
-from raybench.results import publish
+from raybench.rundir import publish
 from raybench.spec import load_sweep
 
 SWEEP = """

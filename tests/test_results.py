@@ -13,7 +13,8 @@ from raybench import history as history_store
 from raybench.grid import expand
 from raybench.history import History
 from raybench.records import TrialOutcome
-from raybench.results import ResultsTable, RowWriter, code_version
+from raybench.results import ResultsTable, RowWriter
+from raybench.rundir import code_version
 from raybench.spec import load_sweep
 
 
@@ -23,20 +24,20 @@ def test_code_version_without_git_or_an_installed_package(monkeypatch, tmp_path)
     code_version before its first trial. Now the sources' digest names the code."""
     import subprocess
 
-    from raybench import results
+    from raybench import rundir
 
     def no_git(*a, **k):
         raise subprocess.CalledProcessError(128, a[0])
 
     def not_installed(name):
-        raise results.metadata.PackageNotFoundError(name)
+        raise rundir.metadata.PackageNotFoundError(name)
 
-    monkeypatch.setattr(results.subprocess, "run", no_git)
-    monkeypatch.setattr(results.metadata, "version", not_installed)
+    monkeypatch.setattr(rundir.subprocess, "run", no_git)
+    monkeypatch.setattr(rundir.metadata, "version", not_installed)
     v = code_version()
     assert re.fullmatch(r"raybench-src\+[0-9a-f]{12}", v), v
     assert code_version() == v  # the same sources, the same name
-    monkeypatch.setattr(results.metadata, "version", lambda name: "0.3.0")
+    monkeypatch.setattr(rundir.metadata, "version", lambda name: "0.3.0")
     assert code_version() == v.replace("src", "0.3.0")
 
 
@@ -115,7 +116,7 @@ def test_summary_best_is_the_fastest_valid_trial(write_sweep, tmp_path):
 
 
 def test_new_run_refuses_a_directory_with_rows_and_resume_checks_the_sweep(write_sweep, tmp_path):
-    from raybench.results import run_directory
+    from raybench.rundir import run_directory
     from raybench.spec import SpecError, load_sweep
 
     spec = load_sweep(write_sweep(), [f"output.root={tmp_path / 'res'}"])
@@ -172,7 +173,7 @@ def test_sweeps_started_in_the_same_second_get_their_own_run_directories(write_s
     started together never share one (the clock is frozen here to make them collide)."""
     from datetime import datetime, timezone
 
-    from raybench import results
+    from raybench import rundir
     from raybench.spec import load_sweep
 
     class Frozen(datetime):
@@ -180,14 +181,14 @@ def test_sweeps_started_in_the_same_second_get_their_own_run_directories(write_s
         def now(cls, tz=None):
             return datetime(2026, 11, 25, 17, 0, 0, tzinfo=timezone.utc)
 
-    monkeypatch.setattr(results, "datetime", Frozen)
+    monkeypatch.setattr(rundir, "datetime", Frozen)
     spec = load_sweep(write_sweep(), [f"output.root={tmp_path / 'res'}"])
-    runs = [results.run_directory(spec, None) for _ in range(3)]
+    runs = [rundir.run_directory(spec, None) for _ in range(3)]
     assert [r.name for r in runs] == ["20261125T170000Z", "20261125T170000Z-002",
                                       "20261125T170000Z-003"]
     for r in runs:
         (r / "sweep.yaml").write_text(yaml_dump(spec))
-    assert results.run_directory(spec, None, resume=True) == runs[-1]  # the newest sorts last
+    assert rundir.run_directory(spec, None, resume=True) == runs[-1]  # the newest sorts last
 
 
 def test_resume_brings_the_csv_and_the_history_up_to_the_table(write_sweep, tmp_path):

@@ -19,7 +19,7 @@ from typing import Any
 from raybench import artifacts, cluster, plan, store
 from raybench.columns import Metric, declare
 from raybench.records import TrialOutcome, now
-from raybench.results import storage_uri
+from raybench.rundir import storage_uri
 from raybench.runners import Done, Runner
 from raybench.spec import SpecError
 from raybench.trials import TrialSpec, artifact_dir

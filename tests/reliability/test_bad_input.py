@@ -289,7 +289,7 @@ def test_a_run_still_being_written_is_refused_until_its_sweep_ends(tmp_path):
 
     import yaml
 
-    from raybench import results
+    from raybench import rundir
     from raybench.spec import load_sweep
 
     run = tmp_path / "run"
@@ -299,7 +299,7 @@ def test_a_run_still_being_written_is_refused_until_its_sweep_ends(tmp_path):
     (run / "sweep.yaml").write_text(yaml.safe_dump(load_sweep(path).to_yaml_dict()))
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time\nfrom pathlib import Path\n"
-         "from raybench.results import writing\nwith writing(Path(sys.argv[1]), 'x'):\n"
+         "from raybench.rundir import writing\nwith writing(Path(sys.argv[1]), 'x'):\n"
          "    print('held', flush=True)\n    time.sleep(600)\n", str(run)],
         cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
@@ -312,5 +312,5 @@ def test_a_run_still_being_written_is_refused_until_its_sweep_ends(tmp_path):
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait(timeout=60)
-    with results.writing(run, "x"):  # the kernel released the killed holder's lock
+    with rundir.writing(run, "x"):  # the kernel released the killed holder's lock
         pass
