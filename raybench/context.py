@@ -9,9 +9,11 @@ hands in the ranks; this module never imports ray.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -55,6 +57,34 @@ class WorkerContext:
     _own_marks: list = field(default_factory=list)  # (start, end) per step, read at settle
     _step_no: int = 0  # steps ended so far: a phase run twice in one step is one entry
     _phase_step: dict = field(default_factory=dict)  # phase -> the step of its last entry
+
+    @classmethod
+    def from_env(cls, hardware: HardwareSpec, device: torch.device | None = None,
+                 **extra: Any) -> WorkerContext:
+        """A launched rank's context, from the variables torchrun sets (RANK, LOCAL_RANK,
+        WORLD_SIZE, and the node's rank as GROUP_RANK or NODE_RANK): every launcher sets them
+        before the process group (Ray Train's workers in process_group.py, spawned local
+        ranks), so every rank's context is built here. `device`: where the launcher put the
+        rank (Ray: the GPU it gave the worker); by default its share of the node's GPUs
+        (`hardware.ranks_per_gpu` ranks to a GPU), or the CPU."""
+        env = os.environ
+        missing = [k for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE") if k not in env]
+        if missing:
+            raise RuntimeError(f"a launched rank needs {', '.join(missing)} in its environment "
+                               "(the launcher sets them, as torchrun does)")
+        local = int(env["LOCAL_RANK"])
+        if device is None:
+            device = (torch.device("cuda", local // hardware.ranks_per_gpu) if hardware.use_gpu
+                      else torch.device("cpu"))
+        return cls(int(env["RANK"]), local, int(env["WORLD_SIZE"]),
+                   int(env.get("GROUP_RANK", env.get("NODE_RANK", 0))), device, hardware, **extra)
+
+    @classmethod
+    def single(cls, hardware: HardwareSpec, device: torch.device, **extra: Any) -> WorkerContext:
+        """The context of the only rank, in this process (the in-process runner's one-rank
+        trials, an inference replica, a bench check): no launcher, whatever the environment
+        holds (raybench itself may run inside someone's torchrun job)."""
+        return cls(0, 0, 1, 0, device, hardware, **extra)
 
     @property
     def distributed(self) -> bool:

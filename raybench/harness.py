@@ -166,7 +166,7 @@ def forward_check(trial: TrialSpec) -> dict[str, Any]:
         raise RuntimeError(f"trial failed: {out.error}")
     hw = trial.hardware
     device = torch.device("cuda", 0) if hw.use_gpu else torch.device("cpu")
-    ctx = WorkerContext(0, 0, 1, 0, device, hw)
+    ctx = WorkerContext.single(hw, device)
     ctx.set_math_mode()
     workload = cls(trial.workload, ctx)
     workload.setup()

@@ -122,15 +122,12 @@ def _wait_for_row(handoff: Any, position: int) -> None:
 
 def _context(trial: TrialSpec, config: dict[str, Any], stamps: dict[str, float]
              ) -> WorkerContext:
-    tctx = ray.train.get_context()
     rt = ray.get_runtime_context()
     logical = config.get("logical_gpus", False)
-    return WorkerContext(
-        rank=tctx.get_world_rank(), local_rank=tctx.get_local_rank(),
-        world_size=trial.hardware.world_size,  # the group's may be more (process_group.narrow)
-        node_rank=tctx.get_node_rank(),
-        device=torch.device("cpu") if logical else ray.train.torch.get_device(),
-        hardware=trial.hardware,
+    # the rank's variables as process_group.py set them (narrowed to the trial's ranks where a
+    # worker group runs a trial of fewer: process_group.narrow); the GPU is the one Ray gave
+    return WorkerContext.from_env(
+        trial.hardware, device=torch.device("cpu") if logical else ray.train.torch.get_device(),
         node_id=rt.get_node_id(), node_ip=ray.util.get_node_ip_address(),
         accelerator_ids=[str(g) for g in rt.get_accelerator_ids().get("GPU", [])],
         trace_path=trace_path(config["trace_dir"], trial),

@@ -137,11 +137,15 @@ class RowWriter:
 
     def _write(self, trial: TrialSpec, outcome: TrialOutcome) -> tuple[dict[str, Any], Path]:
         from raybench.metrics import with_interval
+        from raybench.metrics.overhead import fixed_cost
 
         stamp = now()
+        metrics = outcome.metrics
+        if outcome.ok:  # from the runner's stamps and the ranks': computed here, for every runner
+            metrics = {**metrics, **fixed_cost(outcome.records, outcome.stamps)}
         row = make_row(
             sweep=self.spec.name, run_id=self.run_id, system=self.spec.system.label, trial=trial,
-            status=outcome.status, error=outcome.error, metrics=with_interval(outcome.metrics),
+            status=outcome.status, error=outcome.error, metrics=with_interval(metrics),
             start=outcome.start_time or stamp, end=outcome.end_time or stamp,
         )
         trial_file = self.table.write_trial(trial, {

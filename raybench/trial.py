@@ -30,7 +30,6 @@ from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 from raybench import artifacts, fabric, metrics
 from raybench.columns import Metric, declare
 from raybench.failures import failure
-from raybench.metrics import overhead
 from raybench.plan import NODE_TOKEN
 from raybench.process_group import ProcessGroupConfig
 from raybench.records import TrialOutcome, now
@@ -396,7 +395,6 @@ def _finish(out: TrialOutcome, lost: list[str], strategy: str, execution: Execut
             position: int, ranks: int) -> TrialOutcome:
     """The row fields every Ray Train trial carries, whatever became of it."""
     if out.ok:
-        out.metrics.update(overhead.fixed_cost(out.records, out.stamps))
         out.metrics["cluster/placement_strategy"] = strategy
         out.metrics["cluster/concurrency"] = execution.concurrency
     out.metrics["trial/isolation"] = execution.isolation

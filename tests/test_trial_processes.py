@@ -127,3 +127,31 @@ def test_the_sweep_driver_skips_tunes_callback_census_when_usage_statistics_are_
     assert _mlflow_loaded_by_tunes_census("0") == "False"
     # on: Tune counts its callbacks as it does without raybench
     assert _mlflow_loaded_by_tunes_census("1") == "True"
+
+
+def test_a_ranks_context_comes_from_torchruns_variables(monkeypatch):
+    """Every launched rank builds its context from RANK, LOCAL_RANK, WORLD_SIZE and the node's
+    rank; a single in-process rank ignores them (raybench may run inside a torchrun job)."""
+    import torch
+
+    from raybench.context import WorkerContext
+    from raybench.sections import HardwareSpec
+
+    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "NODE_RANK"):
+        monkeypatch.delenv(k, raising=False)
+    with pytest.raises(RuntimeError, match="RANK, LOCAL_RANK, WORLD_SIZE"):
+        WorkerContext.from_env(HardwareSpec())
+    monkeypatch.setenv("RANK", "5")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.setenv("GROUP_RANK", "2")
+    ctx = WorkerContext.from_env(HardwareSpec(num_gpus=4), stamps={"loop_entry": 1.0})
+    assert (ctx.rank, ctx.local_rank, ctx.world_size, ctx.node_rank) == (5, 1, 8, 2)
+    assert ctx.device == torch.device("cuda", 1) and ctx.stamps == {"loop_entry": 1.0}
+    shared = WorkerContext.from_env(HardwareSpec(num_gpus=2, ranks_per_gpu=2))
+    assert shared.device == torch.device("cuda", 0)  # local ranks 0 and 1 share GPU 0
+    assert WorkerContext.from_env(HardwareSpec(cpu_workers=8)).device == torch.device("cpu")
+    given = WorkerContext.from_env(HardwareSpec(num_gpus=4), device=torch.device("cuda", 3))
+    assert given.device == torch.device("cuda", 3)  # Ray's choice wins
+    one = WorkerContext.single(HardwareSpec(), torch.device("cpu"))
+    assert (one.rank, one.local_rank, one.world_size, one.node_rank) == (0, 0, 1, 0)

@@ -24,7 +24,6 @@ import torch
 from raybench import fabric, metrics
 from raybench.context import WorkerContext, process_start
 from raybench.failures import failure
-from raybench.metrics import overhead
 from raybench.records import TrialOutcome, now
 from raybench.runners import Done, Runner
 from raybench.trials import TrialSpec, artifact_dir, trace_path
@@ -47,8 +46,6 @@ class LocalRunner(Runner):
             outcome = run_local(trial, str(self.out / "trials"))
             outcome.start_time, outcome.end_time = start, now()
             outcome.stamps = {"trial_start": t0, "fit_start": t0, "fit_end": time.time()}
-            if outcome.ok and trial.inference is None:  # replicas keep no rank records
-                outcome.metrics.update(overhead.fixed_cost(outcome.records, outcome.stamps))
             done(trial, outcome)
 
 
@@ -65,9 +62,9 @@ def run_local(trial: TrialSpec, trace_dir: str | None = None) -> TrialOutcome:
     try:
         if hw.world_size == 1 and not hw.env:  # hardware.env: a fresh process, set at start
             device = torch.device("cuda", 0) if hw.use_gpu else torch.device("cpu")
-            ctx = WorkerContext(0, 0, 1, 0, device, hw, trace_path=trace_path(trace_dir, trial),
-                                artifact_dir=artifact_dir(trace_dir, trial),
-                                stamps={"loop_entry": time.time()})
+            ctx = WorkerContext.single(hw, device, trace_path=trace_path(trace_dir, trial),
+                                       artifact_dir=artifact_dir(trace_dir, trial),
+                                       stamps={"loop_entry": time.time()})
             return metrics.outcome(run_worker(trial, ctx))
         return metrics.outcome(_spawn(trial, trace_dir))
     except Exception as e:  # a failed trial is a row here too
@@ -104,15 +101,16 @@ def _rank_main(rank: int, trial: TrialSpec, port: int, result: str,
     if hw.backend == "nccl" and hw.world_size > 1:  # to read back which network NCCL chose
         os.environ.update(fabric.debug_env(trial.key))
     os.environ.update(hw.env)  # before the process group and CUDA start; the trial's win
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.distributed.init_process_group(hw.backend, rank=rank, world_size=hw.world_size)
+    # what torchrun gives a rank on one node: the process group and the context read it
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      LOCAL_RANK=str(rank), WORLD_SIZE=str(hw.world_size),
+                      LOCAL_WORLD_SIZE=str(hw.world_size), GROUP_RANK="0")
+    torch.distributed.init_process_group(hw.backend)  # env:// from those variables
     try:
-        gpu = rank // hw.ranks_per_gpu
-        device = torch.device("cuda", gpu) if hw.use_gpu else torch.device("cpu")
-        ctx = WorkerContext(rank, rank, hw.world_size, 0, device, hw,
-                            trace_path=trace_path(trace_dir, trial),
-                            artifact_dir=artifact_dir(trace_dir, trial),
-                            stamps={"process_start": process_start(), "loop_entry": entry})
+        ctx = WorkerContext.from_env(hw, trace_path=trace_path(trace_dir, trial),
+                                     artifact_dir=artifact_dir(trace_dir, trial),
+                                     stamps={"process_start": process_start(),
+                                             "loop_entry": entry})
         records = run_worker(trial, ctx)
         if rank == 0:
             Path(result).write_text(json.dumps([r.to_dict() for r in records]))

@@ -85,7 +85,7 @@ class Replica:
             return None
 
     def _build(self, hardware) -> workloads.Workload:
-        ctx = WorkerContext(0, 0, 1, 0, self.device, hardware)
+        ctx = WorkerContext.single(hardware, self.device)
         ctx.set_math_mode()
         workload = self.cls(self.trial.workload, ctx)
         workload.setup_serving()
