@@ -35,12 +35,14 @@ def bare_loop(trial: TrialSpec) -> float:
 
 def overhead(spec: SweepSpec, trial: TrialSpec, rounds: int,
              per_round: int = 1) -> dict[str, Any]:
-    """Bare loop without Ray, then bare and raybench alternately with Ray up; medians of each.
+    """Bare loop without Ray, then bare, raybench on Ray and the same trials under torchrun
+    (the launcher users would otherwise script) in turn, with Ray up; medians of each.
 
     Each raybench round is a sweep of `per_round` copies of the trial (seeds differ, cost does
     not): with `execution.isolation: worker` they share a worker group, and the figures say
     what the first trial costs (the group's start-up), what each one after it costs, and the
-    sweep's time outside its measured windows per trial."""
+    sweep's time outside its measured windows per trial. The torchrun side starts every trial's
+    ranks afresh, as a torchrun script per configuration does."""
     from raybench import cluster, runners
     from raybench.sweep import run_sweep
 
@@ -52,7 +54,7 @@ def overhead(spec: SweepSpec, trial: TrialSpec, rounds: int,
     no_ray = [bare_loop(trial) for _ in range(rounds)]
     started = cluster.connect(None)  # one Ray for all rounds: its start-up is not per trial
     bare, ray_thr, trial_wall, fixed, measured = [], [], [], [], []
-    first, later = [], []
+    first, later, ray_fixed, torchrun_thr, torchrun_fixed = [], [], [], [], []
     by_position: dict[int, list[float]] = {}  # samples/s by the trial's place in its group
     phases: dict[str, list[float]] = {}
     try:
@@ -73,11 +75,18 @@ def overhead(spec: SweepSpec, trial: TrialSpec, rounds: int,
                     float(r["train/samples_per_s"]))
             first.append(float(rows[0]["overhead/fixed_s"]))
             later += [float(r["overhead/fixed_s"]) for r in rows[1:]]
+            ray_fixed += [float(r["overhead/fixed_s"]) for r in rows]
+            with tempfile.TemporaryDirectory() as tmp:
+                run_sweep(spec, copies, Path(tmp), runners.make("torchrun", spec, Path(tmp)))
+                theirs = _ok_rows(Path(tmp), per_round)
+            torchrun_thr.append(statistics.median(r["train/samples_per_s"] for r in theirs))
+            torchrun_fixed += [float(r["overhead/fixed_s"]) for r in theirs]
             for name, value in breakdown(rows, sweep_s).items():
                 phases.setdefault(name, []).append(value)
-            log.info("round %d: bare %.1f, raybench %.1f samples/s; sweep of %d trial(s) %.1f "
-                     "s, measured windows %.2f s, %.2f s per trial outside them", i, bare[-1],
-                     ray_thr[-1], per_round, sweep_s, window, fixed[-1])
+            log.info("round %d: bare %.1f, raybench %.1f, torchrun %.1f samples/s; sweep of %d "
+                     "trial(s) %.1f s, measured windows %.2f s, %.2f s per trial outside them",
+                     i, bare[-1], ray_thr[-1], torchrun_thr[-1], per_round, sweep_s, window,
+                     fixed[-1])
     finally:
         if started:
             cluster.shutdown()
@@ -90,6 +99,13 @@ def overhead(spec: SweepSpec, trial: TrialSpec, rounds: int,
         "bare_samples_per_s": bare, "raybench_samples_per_s": ray_thr,
         "throughput_ratio": ratio,
         "throughput_ratio_vs_no_ray": statistics.median(ray_thr) / statistics.median(no_ray),
+        # against torchrun, trial by trial as the rows measure it (overhead/fixed_s: the
+        # trial's wall time outside its measured windows, from the runner's start of it)
+        "torchrun_samples_per_s": torchrun_thr,
+        "throughput_ratio_vs_torchrun": statistics.median(ray_thr)
+        / statistics.median(torchrun_thr),
+        "raybench_trial_fixed_s_median": statistics.median(ray_fixed),
+        "torchrun_trial_fixed_s_median": statistics.median(torchrun_fixed),
         "sweep_wall_s": trial_wall, "measured_window_s": measured,
         # the sweep's time outside its measured windows, per trial
         "fixed_overhead_s_median": statistics.median(fixed),

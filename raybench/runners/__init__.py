@@ -2,10 +2,12 @@
 `Runner`; a runner only starts its machinery, says which trials it can never place, and runs
 trials, handing each outcome back as it ends.
 
-Two exist: `ray` (runners/on_ray.py: a Tune grid of Ray Train DDP runs on an embedded Ray or a
-cluster, inference replicas as actors) and `local` (runners/local.py: this process, ranks
-spawned over torch.distributed, no Ray needed). Implementations are imported on demand so the
-local runner works where Ray is not installed.
+Three exist: `ray` (runners/on_ray.py: a Tune grid of Ray Train DDP runs on an embedded Ray or
+a cluster, inference replicas as actors), `local` (runners/local.py: this process, ranks
+spawned over torch.distributed, no Ray needed) and `torchrun` (runners/torchrun.py: each
+trial's ranks started by PyTorch's own launcher, as hand-written torchrun scripts are).
+Implementations are imported on demand so the local and torchrun runners work where Ray is not
+installed.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from raybench.trials import TrialSpec
 Done = Callable[[TrialSpec, TrialOutcome], None]
 
 RUNNERS = {"ray": "raybench.runners.on_ray:RayRunner",
-           "local": "raybench.runners.local:LocalRunner"}
+           "local": "raybench.runners.local:LocalRunner",
+           "torchrun": "raybench.runners.torchrun:TorchrunRunner"}
 
 
 class Runner(ABC):

@@ -1,0 +1,136 @@
+"""The torchrun runner: each trial's ranks started by PyTorch's own launcher on this machine.
+
+`--runner torchrun` runs a trial as a user of hand-written torchrun scripts would: `python -m
+torch.distributed.run --standalone --nproc-per-node N` starts the ranks, each builds its
+context from the variables torchrun sets (`WorkerContext.from_env`) and runs the same timed
+loop (`worker.run_worker`); rank 0 writes every rank's records for this process, which turns
+them into the trial's outcome. No Ray. A rank that fails writes its failure first, so the
+row says why (out of memory, an error) rather than only that the launcher exited. Inference
+trials run their replicas in this process, as the local runner does.
+
+This file is the runner entire: the driver side (`TorchrunRunner`) and, run as `python -m
+raybench.runners.torchrun`, the rank side.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from raybench import fabric, metrics
+from raybench.failures import failure
+from raybench.records import TrialOutcome, now
+from raybench.runners import Done, Runner
+from raybench.trials import TrialSpec, artifact_dir, trace_path
+
+LAUNCHER = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1"]
+TAIL = 3000  # characters of the launcher's output an error row keeps
+
+
+class TorchrunRunner(Runner):
+    name = "torchrun"
+
+    def system(self) -> tuple[dict[str, Any], dict[str, dict[str, Any]] | None]:
+        return {"mode": "torchrun (torch.distributed.run), this machine, no Ray"}, None
+
+    def unplaceable(self, trials: list[TrialSpec]) -> dict[str, str]:
+        have = _gpus()
+        return {t.key: f"needs {need:g} GPUs but this machine has {have}" for t in trials
+                if (need := t.resources()["total"].get("GPU", 0)) > have}
+
+    def run(self, trials: list[TrialSpec], done: Done, name: str = "trials",
+            last: bool = False) -> None:
+        for trial in trials:
+            start, t0 = now(), time.time()
+            outcome = run_torchrun(trial, str(self.out / "trials"),
+                                   self.spec.execution.trial_timeout_s)
+            outcome.start_time, outcome.end_time = start, now()
+            outcome.stamps = {"trial_start": t0, "fit_start": t0, "fit_end": time.time()}
+            done(trial, outcome)
+
+
+def _gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def run_torchrun(trial: TrialSpec, trace_dir: str, timeout_s: float | None) -> TrialOutcome:
+    """One trial's ranks under torchrun; its outcome, a failed one as a row's status."""
+    if trial.inference is not None:  # replicas, not ranks: in this process
+        from raybench.scenarios.run import run_trial as run_scenario
+
+        return run_scenario(trial, "local")
+    hw = trial.hardware
+    env = {**os.environ, **hw.env}
+    if hw.backend == "nccl" and hw.world_size > 1:  # to read back which network NCCL chose
+        env.update(fabric.debug_env(trial.key))
+    with tempfile.TemporaryDirectory(prefix="raybench-torchrun-") as tmp:
+        work = Path(tmp)
+        (work / "trial.pkl").write_bytes(pickle.dumps(trial))
+        cmd = [*LAUNCHER, f"--nproc-per-node={hw.world_size}", "-m", __name__, str(work),
+               trace_dir]
+        try:
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
+                                  timeout=timeout_s, preexec_fn=_end_with_this_process)
+        except subprocess.TimeoutExpired:
+            return TrialOutcome.failed("timeout", f"the trial ran past {timeout_s:g} s "
+                                       "(execution.trial_timeout_s)")
+        records = work / "records.json"
+        if proc.returncode == 0 and records.exists():
+            return metrics.outcome(json.loads(records.read_text()))
+        failed = sorted(work.glob("failed_*.json"))  # the lowest rank's reason
+        if failed:
+            return TrialOutcome.from_dict(json.loads(failed[0].read_text()))
+        output = (proc.stdout + proc.stderr)[-TAIL:]
+        return TrialOutcome.failed("error", f"torchrun exited with {proc.returncode}: {output}")
+
+
+def _end_with_this_process() -> None:
+    """In the launcher's process, before it starts: it gets SIGTERM when the driver ends,
+    however the driver ends (a SIGKILLed driver's ranks would otherwise run on, taking the
+    cores a `--resume` then measures on), and ends its ranks in turn."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG (Linux)
+
+
+def _rank(work: Path, trace_dir: str) -> None:
+    """One rank, as torchrun started it."""
+    entry = time.time()
+    import torch.distributed as dist
+
+    from raybench.context import WorkerContext, process_start
+    from raybench.worker import run_worker
+
+    trial: TrialSpec = pickle.loads((work / "trial.pkl").read_bytes())
+    rank = int(os.environ["RANK"])
+    try:
+        dist.init_process_group(trial.hardware.backend)  # env:// from torchrun's variables
+        ctx = WorkerContext.from_env(
+            trial.hardware, trace_path=trace_path(trace_dir, trial),
+            artifact_dir=artifact_dir(trace_dir, trial),
+            stamps={"process_start": process_start(), "loop_entry": entry})
+        records = run_worker(trial, ctx)
+        if rank == 0:
+            (work / "records.json").write_text(json.dumps([r.to_dict() for r in records]))
+        dist.barrier()  # rank 0 hosts the group's store: no rank leaves before it wrote
+    except BaseException as e:
+        out = failure(e, trial.resources())
+        (work / f"failed_{rank:04d}.json").write_text(json.dumps(out.to_dict(), default=str))
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    _rank(Path(sys.argv[1]), sys.argv[2])
