@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
+from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from raybench.grid import expand
 from raybench.runners.torchrun import run_torchrun
 from raybench.spec import load_sweep
-from tests.conftest import ROOT
+from tests.integration.ray_nodes import free_port
 
 TWO_RANKS = """
 name: torchrun_two
@@ -24,11 +25,10 @@ measure: {warmup_steps: 2, measure_steps: 6}
 
 
 def test_a_sweep_runs_its_ranks_under_torchrun(write_sweep, tmp_path):
+    from raybench.sweep import main
+
     out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "raybench.sweep", str(write_sweep(TWO_RANKS)),
-                           "--runner", "torchrun", "--output", str(out)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert main([str(write_sweep(TWO_RANKS)), "--runner", "torchrun", "--output", str(out)]) == 0
     row = pd.read_parquet(out / "results.parquet").iloc[0]
     assert row["status"] == "ok" and row["train/world_size"] == 2
     assert row["train/samples_per_s"] > 0 and len(row["cluster/rank_nodes"].split(",")) == 2
@@ -38,11 +38,26 @@ def test_a_sweep_runs_its_ranks_under_torchrun(write_sweep, tmp_path):
         "torchrun")
 
 
-def test_a_ranks_failure_is_the_rows_reason(write_sweep):
-    """A rank that raises writes its failure before torchrun's exit: the row says why."""
+def test_a_ranks_failure_is_the_rows_reason(write_sweep, tmp_path, monkeypatch):
+    """A rank that raises writes its reason before torchrun exits, and the driver makes it the
+    row's: both sides here in this process (the launcher replaced by the rank's own call)."""
+    from raybench.runners import torchrun
+
     path = write_sweep("name: t\nsystem: {label: cpu}\n"
                        "workload: {name: vit_tiles, size: tiny, tile: 64, batch_size: 2, "
                        "mode: inference, cuda_graphs: true}\n"
-                       "hardware: {num_gpus: 0, cpu_workers: 2}\n")
-    out = run_torchrun(expand(load_sweep(path))[0], str(path.parent / "trials"), 300)
+                       "hardware: {num_gpus: 0, cpu_workers: 1}\n")
+    trial = expand(load_sweep(path))[0]
+
+    def launcher(cmd, **kw):  # as torchrun would: the rank's variables, then the rank
+        work, trace_dir = Path(cmd[-2]), cmd[-1]
+        for k, v in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+                     "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}.items():
+            monkeypatch.setenv(k, v)
+        with pytest.raises(ValueError, match="cuda_graphs needs a GPU trial"):
+            torchrun._rank(work, trace_dir)
+        return subprocess.CompletedProcess(cmd, 1, "", "ValueError ...")
+
+    monkeypatch.setattr(torchrun.subprocess, "run", launcher)
+    out = run_torchrun(trial, str(tmp_path / "trials"), 300)
     assert out.status == "error" and "cuda_graphs needs a GPU trial" in out.error
