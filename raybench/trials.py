@@ -1,4 +1,5 @@
-"""The trial, as every runner and rank receives it: `TrialSpec`, and where its files go.
+"""The trial, as every runner and rank receives it: `TrialSpec`, its key (`trial_key`), the
+one way to change a validated trial (`derive`), and where its files go.
 
 A leaf beside sections.py: it imports the section models and the workload and inference
 parameter types, never the sweep loader (spec.py), the grid (grid.py) or the preprocess stage,
