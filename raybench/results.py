@@ -141,7 +141,9 @@ class RowWriter:
 
         stamp = now()
         metrics = outcome.metrics
-        if outcome.ok:  # from the runner's stamps and the ranks': computed here, for every runner
+        # from the runner's stamps and the ranks': computed here, for every runner (inference
+        # trials' records are their replicas' calls, not ranks)
+        if outcome.ok and trial.inference is None:
             metrics = {**metrics, **fixed_cost(outcome.records, outcome.stamps)}
         row = make_row(
             sweep=self.spec.name, run_id=self.run_id, system=self.spec.system.label, trial=trial,
