@@ -29,8 +29,12 @@ def bare_loop(trial: TrialSpec) -> float:
     one process, no raybench, as a user would write it."""
     if trial.hardware.world_size != 1:
         raise ValueError("the bare twin runs one rank")
-    return workloads.get(trial.workload_name).bare_loop(trial.workload, trial.hardware,
+    rate = workloads.get(trial.workload_name).bare_loop(trial.workload, trial.hardware,
                                                         trial.measure)
+    if rate is None:
+        raise ValueError(f"{trial.workload_name} has no bare twin (Workload.bare_loop): bench "
+                         "overhead compares a workload that has one, such as resnet")
+    return rate
 
 
 def overhead(spec: SweepSpec, trial: TrialSpec, rounds: int,
@@ -187,6 +191,7 @@ def forward_check(trial: TrialSpec) -> dict[str, Any]:
     workload = cls(trial.workload, ctx)
     workload.setup()
     forward = workload.forward_probe()
+    assert forward is not None, f"{trial.workload_name} is forward-only but has no probe"
 
     for _ in range(trial.measure.warmup_steps):
         forward()

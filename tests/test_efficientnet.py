@@ -55,3 +55,14 @@ def test_a_trial_runs_and_counts_its_flops(write_sweep):
     # the resolution-independent classifier and the padding of small feature maps
     assert 0.15 < m["perf/gflops_per_sample"] < 0.25
     assert m["model/params_m"] == pytest.approx(4.02, abs=0.01)  # 10 classes, not 1000
+
+
+def test_bench_overhead_names_a_workload_without_a_bare_twin(write_sweep):
+    """The bare loop is a workload's own (`Workload.bare_loop`): EfficientNet, a member of the
+    ResNet family, has none, and bench overhead says so before it starts anything."""
+    from raybench.harness import bare_loop
+
+    path = write_sweep("name: e\nsystem: {label: cpu}\n"
+                       "workload: {name: efficientnet, variant: b0, image_size: 32}\n")
+    with pytest.raises(ValueError, match="efficientnet has no bare twin"):
+        bare_loop(expand(load_sweep(path))[0])

@@ -130,10 +130,11 @@ class Workload(ABC):
 
     @classmethod
     def bare_loop(cls, params: WorkloadParams, hardware: HardwareSpec,
-                  measure: MeasureSpec) -> float:
+                  measure: MeasureSpec) -> float | None:
         """Samples/s of the same training as a plain single-process PyTorch loop, as a user
-        would write it without raybench (`bench overhead` sets raybench's trial beside it)."""
-        raise NotImplementedError(f"{cls.name} has no bare twin")
+        would write it without raybench (`bench overhead` sets raybench's trial beside it);
+        None: this workload has no such twin."""
+        return None
 
     @classmethod
     def forward_only(cls, params: WorkloadParams) -> bool:
@@ -141,10 +142,10 @@ class Workload(ABC):
         forward-check` compares its time with torch.utils.benchmark's)."""
         return False
 
-    def forward_probe(self) -> Callable[[], Any]:
+    def forward_probe(self) -> Callable[[], Any] | None:
         """After setup, for a forward-only trial: one forward of the step's own input, exactly
-        as the timed loop calls it."""
-        raise NotImplementedError(f"{self.name} has no forward-only step")
+        as the timed loop calls it; None where a step is more than a forward."""
+        return None
 
     def samples_per_step(self) -> int:
         """Samples one step trains or serves on this rank (an optimizer step's, all its

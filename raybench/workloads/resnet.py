@@ -145,7 +145,7 @@ class Resnet(Servable):
             num_classes=self.params.num_classes)
 
     @classmethod
-    def bare_loop(cls, p: WorkloadParams, hw: HardwareSpec, m: MeasureSpec) -> float:
+    def bare_loop(cls, p: WorkloadParams, hw: HardwareSpec, m: MeasureSpec) -> float | None:
         """Samples/s of the same training as a plain single-process loop (torchvision model,
         optimizer, DataLoader; timed with perf_counter around the whole window, no per-step
         sync on CPU), as a user would write it without raybench."""
