@@ -37,7 +37,7 @@ class LocalRunner(Runner):
         return {"mode": "in-process, no Ray"}, None
 
     def unplaceable(self, trials: list[TrialSpec]) -> dict[str, str]:
-        return {t.key: why for t in trials if (why := _gpus_missing(t))}
+        return {t.key: why for t in trials if (why := gpus_missing(t))}
 
     def run(self, trials: list[TrialSpec], done: Done, name: str = "trials",
             last: bool = False) -> None:
@@ -51,7 +51,7 @@ class LocalRunner(Runner):
 
 def run_local(trial: TrialSpec, trace_dir: str | None = None) -> TrialOutcome:
     """One trial in this process (or spawned ranks); returns the same fields as trial.run_trial."""
-    why = _gpus_missing(trial)
+    why = gpus_missing(trial)
     if why:
         return TrialOutcome.failed("infeasible", why)
     if trial.inference is not None:
@@ -71,8 +71,9 @@ def run_local(trial: TrialSpec, trace_dir: str | None = None) -> TrialOutcome:
         return failure(e, trial.resources())
 
 
-def _gpus_missing(trial: TrialSpec) -> str | None:
-    """Why this machine can never run the trial (its ranks or replicas want more GPUs)."""
+def gpus_missing(trial: TrialSpec) -> str | None:
+    """Why this machine can never run the trial (its ranks or replicas want more GPUs): for
+    every runner that starts ranks on this machine."""
     have = torch.cuda.device_count() if torch.cuda.is_available() else 0
     need = trial.resources()["total"].get("GPU", 0)
     return f"needs {need:g} GPUs but this machine has {have}" if need > have else None

@@ -28,6 +28,7 @@ from raybench import fabric, metrics
 from raybench.failures import failure
 from raybench.records import TrialOutcome, now
 from raybench.runners import Done, Runner
+from raybench.runners.local import PR_SET_PDEATHSIG, gpus_missing
 from raybench.trials import TrialSpec, artifact_dir, trace_path
 
 LAUNCHER = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1"]
@@ -41,9 +42,7 @@ class TorchrunRunner(Runner):
         return {"mode": "torchrun (torch.distributed.run), this machine, no Ray"}, None
 
     def unplaceable(self, trials: list[TrialSpec]) -> dict[str, str]:
-        have = _gpus()
-        return {t.key: f"needs {need:g} GPUs but this machine has {have}" for t in trials
-                if (need := t.resources()["total"].get("GPU", 0)) > have}
+        return {t.key: why for t in trials if (why := gpus_missing(t))}
 
     def run(self, trials: list[TrialSpec], done: Done, name: str = "trials",
             last: bool = False) -> None:
@@ -54,12 +53,6 @@ class TorchrunRunner(Runner):
             outcome.start_time, outcome.end_time = start, now()
             outcome.stamps = {"trial_start": t0, "fit_start": t0, "fit_end": time.time()}
             done(trial, outcome)
-
-
-def _gpus() -> int:
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def run_torchrun(trial: TrialSpec, trace_dir: str, timeout_s: float | None) -> TrialOutcome:
@@ -100,7 +93,10 @@ def _end_with_this_process() -> None:
     import ctypes
     import signal
 
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG (Linux)
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):  # not Linux: the launcher outlives a killed driver
+        pass
 
 
 def _rank(work: Path, trace_dir: str) -> None:
