@@ -134,7 +134,8 @@ def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
     return seen
 
 
-@pytest.mark.parametrize("rank_side", ["raybench.trials", "raybench.rank", "raybench.worker"])
+@pytest.mark.parametrize("rank_side", ["raybench.trials", "raybench.rank", "raybench.worker",
+                                       "raybench.launched"])
 def test_the_ranks_import_no_sweep_loader(rank_side):
     """What a rank runs (the trial it receives, the rank loop, the timed loop) reaches neither
     the YAML loader, the grid nor the preprocess stage, lazily or not: those are the driver's."""

@@ -24,6 +24,7 @@ import torch
 from raybench import fabric, metrics
 from raybench.context import WorkerContext, process_start
 from raybench.failures import failure
+from raybench.launched import run_rank
 from raybench.records import TrialOutcome, now
 from raybench.runners import Done, Runner
 from raybench.trials import TrialSpec, artifact_dir, trace_path
@@ -106,20 +107,8 @@ def _rank_main(rank: int, trial: TrialSpec, port: int, result: str,
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       LOCAL_RANK=str(rank), WORLD_SIZE=str(hw.world_size),
                       LOCAL_WORLD_SIZE=str(hw.world_size), GROUP_RANK="0")
-    torch.distributed.init_process_group(hw.backend)  # env:// from those variables
-    try:
-        ctx = WorkerContext.from_env(hw, trace_path=trace_path(trace_dir, trial),
-                                     artifact_dir=artifact_dir(trace_dir, trial),
-                                     stamps={"process_start": process_start(),
-                                             "loop_entry": entry})
-        records = run_worker(trial, ctx)
-        if rank == 0:
-            Path(result).write_text(json.dumps([r.to_dict() for r in records]))
-        # Rank 0 hosts the group's store: a rank that tears its group down after rank 0 has
-        # exited aborted ("terminate called without an active exception", seen under load).
-        torch.distributed.barrier()
-    finally:
-        torch.distributed.destroy_process_group()
+    run_rank(trial, trace_dir, Path(result),
+             {"process_start": process_start(), "loop_entry": entry})
     leave_rank()
 
 

@@ -29,7 +29,7 @@ from raybench.failures import failure
 from raybench.records import TrialOutcome, now
 from raybench.runners import Done, Runner
 from raybench.runners.local import PR_SET_PDEATHSIG, gpus_missing
-from raybench.trials import TrialSpec, artifact_dir, trace_path
+from raybench.trials import TrialSpec
 
 LAUNCHER = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1"]
 TAIL = 3000  # characters of the launcher's output an error row keeps
@@ -100,32 +100,20 @@ def _end_with_this_process() -> None:
 
 
 def _rank(work: Path, trace_dir: str) -> None:
-    """One rank, as torchrun started it."""
+    """One rank, as torchrun started it; a failure is written down for the driver first."""
     entry = time.time()
-    import torch.distributed as dist
-
-    from raybench.context import WorkerContext, process_start
-    from raybench.worker import run_worker
+    from raybench.context import process_start
+    from raybench.launched import run_rank
 
     trial: TrialSpec = pickle.loads((work / "trial.pkl").read_bytes())
-    rank = int(os.environ["RANK"])
     try:
-        dist.init_process_group(trial.hardware.backend)  # env:// from torchrun's variables
-        ctx = WorkerContext.from_env(
-            trial.hardware, trace_path=trace_path(trace_dir, trial),
-            artifact_dir=artifact_dir(trace_dir, trial),
-            stamps={"process_start": process_start(), "loop_entry": entry})
-        records = run_worker(trial, ctx)
-        if rank == 0:
-            (work / "records.json").write_text(json.dumps([r.to_dict() for r in records]))
-        dist.barrier()  # rank 0 hosts the group's store: no rank leaves before it wrote
+        run_rank(trial, trace_dir, work / "records.json",
+                 {"process_start": process_start(), "loop_entry": entry})
     except BaseException as e:
         out = failure(e, trial.resources())
+        rank = int(os.environ["RANK"])
         (work / f"failed_{rank:04d}.json").write_text(json.dumps(out.to_dict(), default=str))
         raise
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
 
 
 if __name__ == "__main__":
