@@ -138,6 +138,12 @@ class HardwareSpec(Strict):
         return "nccl" if self.use_gpu and self.ranks_per_gpu == 1 else "gloo"
 
     @property
+    def nccl_between_ranks(self) -> bool:
+        """Whether the ranks talk over NCCL (several, each on a GPU of its own): then each
+        runner has NCCL write its debug file, to read back which network it chose."""
+        return self.backend == "nccl" and self.world_size > 1
+
+    @property
     def use_gpu(self) -> bool:
         return self.num_gpus > 0
 

@@ -410,7 +410,7 @@ def _worker_env(trial: TrialRef | TrialSpec, execution: ExecutionSpec) -> dict[s
     """The workers' environment: NCCL's debug file where ranks talk over NCCL (to read back
     which network it chose), then the trial's own `hardware.env`, which wins."""
     hw = trial.hardware
-    nccl = hw.backend == "nccl" and hw.world_size > 1 and not execution.logical_gpus
+    nccl = hw.nccl_between_ranks and not execution.logical_gpus
     return {**(fabric.debug_env(trial.key) if nccl else {}), **hw.env}
 
 

@@ -77,6 +77,7 @@ def test_resources_per_trial(write_sweep):
 def test_ranks_sharing_a_gpu_ask_for_its_share_and_talk_over_gloo(write_sweep):
     t = expand(load_sweep(write_sweep(), ["hardware.num_gpus=2", "hardware.ranks_per_gpu=2"]))[0]
     assert t.hardware.world_size == 4 and t.hardware.backend == "gloo"
+    assert not t.hardware.nccl_between_ranks  # gloo: no NCCL debug file to read back
     assert t.resources() == {"workers": 4, "per_worker": {"CPU": 1.0, "GPU": 0.5},
                              "total": {"CPU": 4.0, "GPU": 2.0}}
     assert placement(t, [{"CPU": 4.0, "GPU": 2.0}]) is None  # two ranks on each GPU
@@ -88,6 +89,9 @@ def test_ranks_sharing_a_gpu_ask_for_its_share_and_talk_over_gloo(write_sweep):
     assert placement(three, [{"CPU": 3.0, "GPU": 1.0}]) is None
     one = expand(load_sweep(write_sweep(), ["hardware.num_gpus=1"]))[0].hardware
     assert (one.world_size, one.backend, one.gpu_share) == (1, "nccl", 1)
+    assert not one.nccl_between_ranks  # one rank talks to no one
+    two = expand(load_sweep(write_sweep(), ["hardware.num_gpus=2"]))[0].hardware
+    assert two.nccl_between_ranks
 
 
 def test_derived_trials_are_validated_and_rekeyed_only_when_asked(write_sweep):

@@ -100,7 +100,7 @@ def _rank_main(rank: int, trial: TrialSpec, port: int, result: str,
     entry = time.time()
     end_with(driver)
     hw = trial.hardware
-    if hw.backend == "nccl" and hw.world_size > 1:  # to read back which network NCCL chose
+    if hw.nccl_between_ranks:  # to read back which network NCCL chose
         os.environ.update(fabric.debug_env(trial.key))
     os.environ.update(hw.env)  # before the process group and CUDA start; the trial's win
     # what torchrun gives a rank on one node: the process group and the context read it

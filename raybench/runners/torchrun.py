@@ -63,7 +63,7 @@ def run_torchrun(trial: TrialSpec, trace_dir: str, timeout_s: float | None) -> T
         return run_scenario(trial, "local")
     hw = trial.hardware
     env = {**os.environ, **hw.env}
-    if hw.backend == "nccl" and hw.world_size > 1:  # to read back which network NCCL chose
+    if hw.nccl_between_ranks:  # to read back which network NCCL chose
         env.update(fabric.debug_env(trial.key))
     with tempfile.TemporaryDirectory(prefix="raybench-torchrun-") as tmp:
         work = Path(tmp)
