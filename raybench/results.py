@@ -28,7 +28,7 @@ from raybench import columns, interrupts, store, workloads
 from raybench.records import Status, TrialOutcome, now, present, uniform_cells
 from raybench.report.assess import validity
 from raybench.spec import SweepSpec
-from raybench.trials import TrialSpec
+from raybench.trials import SECTIONS, TrialSpec
 
 log = logging.getLogger(__name__)
 ID_COLUMNS = ["sweep", "run_id", "stage", "trial_index", "trial_key", "system", "start_time",
@@ -263,12 +263,9 @@ def trial_line(row: dict[str, Any]) -> dict[str, Any]:
         "samples_per_s": headline(row),
         "total_samples": steps * gbs if steps and gbs else row.get("infer/samples"),
         "elapsed_seconds": elapsed,
-        "config": {k: v for k, v in row.items() if k.split(".", 1)[0] in CONFIG_SECTIONS},
+        "config": {k: v for k, v in row.items() if k.split(".", 1)[0] in SECTIONS},
         "row": row,
     })
-
-
-CONFIG_SECTIONS = ("workload", "hardware", "measure", "inference")
 
 
 def headline(metrics: dict[str, Any]) -> float | None:

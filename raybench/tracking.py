@@ -25,8 +25,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from raybench.results import CONFIG_SECTIONS
 from raybench.spec import SpecError, SweepSpec
+from raybench.trials import SECTIONS
 
 log = logging.getLogger("raybench.tracking")
 
@@ -74,7 +74,7 @@ def split(row: dict[str, Any]) -> tuple[dict[str, str], dict[str, float], dict[s
             value = value.item()  # numpy scalars from pandas
         if value is None or (isinstance(value, float) and math.isnan(value)):
             continue
-        if key.split(".", 1)[0] in CONFIG_SECTIONS:
+        if key.split(".", 1)[0] in SECTIONS:
             params[key] = str(value)[:PARAM_LEN]
         elif "/" in key and isinstance(value, (bool, int, float)) and math.isfinite(value):
             metrics[key] = float(value)
