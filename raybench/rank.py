@@ -1,145 +1,96 @@
-"""What every Ray Train rank runs: the trials of its worker group, one after another.
+"""The one rank entry: a list of trials, one after another, on this rank, whatever started it.
 
-Owns the rank's side of a trial on Ray: its WorkerContext from Ray Train's ranks and device, a
-wall-clock watchdog per trial, the hand-over of each trial's records to the Tune trial (queue)
-and of its files to the driver (Parcels), the wait for the driver's word that a row is written
-(trial.Events) and the release of one trial's leftovers before the next. Loaded on the ranks only,
-through trial.train_loop: it imports torch and the workloads, which the Tune trial process and
-the Train controller never need. Does not own the timed loop (worker.py) or the trainer
-(trial.py).
+A runner starts ranks its own way and hands each a `RankSide`: where the rank's trials come
+from, how its context is built, how each trial's outcome goes back (Ray Train's worker group:
+rank_ray.py; a launcher that sets torchrun's variables: launched.py). The rest is the same for
+every runner and lives here: a group narrowed to a trial of fewer ranks, a wall-clock
+watchdog per trial, the timed loop (worker.py) with every rank's records gathered on rank 0,
+and the release of one trial's leftovers before the next.
+
+Imports neither Ray nor, at import, torch: `run_trials` is the function Ray Train runs on its
+workers, so Tune's trial process and the Train controller load this module by reference, and
+they never run a tensor. Does not own the timed loop (worker.py) or any runner's transport.
 """
 
 from __future__ import annotations
 
 import gc
-import logging
 import os
 import sys
 import threading
 import time
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-import ray
-import ray.train
-import ray.train.torch
-import torch
-
-from raybench import artifacts, metrics, process_group, workloads
-from raybench.context import WorkerContext, process_start
-from raybench.records import TrialOutcome
-from raybench.trials import TrialSpec, artifact_dir, trace_path
-from raybench.worker import run_worker
-
-log = logging.getLogger(__name__)
-
-# When this module was first imported in this process: on a Ray Train worker, the end of the
-# imports its trials need (torch, the workloads, raybench's timed loop).
-IMPORTED_AT = time.time()
+if TYPE_CHECKING:
+    from raybench.context import WorkerContext
+    from raybench.records import RankRecord
+    from raybench.trials import TrialSpec
 
 
-def run_trials(config: dict[str, Any]) -> TrialOutcome | None:
-    """Runs on every Ray Train worker: the trials of its worker group one after another (one
-    trial under process isolation). Rank 0 turns every rank's records into the trial's
-    outcome (metrics.outcome: the workload's own figures need its class, loaded here
-    already). With one trial, rank 0's return value is that outcome; with several, rank 0
-    hands each to the Tune trial through `config["queue"]` as the trial ends (a "start"
-    message before it), and the next trial builds everything afresh in the same
-    processes. A trial of fewer ranks than the group runs on its first ranks
-    (process_group.narrow; the group runs its widest trials first): the others return."""
-    # validated once, at expansion; pickled, and put by reference (trial.TrialRef): loading
-    # them imports their workloads, as unpickling the function's config did before its entry
-    trials: list[TrialSpec] = ray.get(config["trials"])
+class RankSide(Protocol):
+    """What the rank entry asks of the runner that started the rank."""
+
+    timeout_s: float | None  # execution.trial_timeout_s, per trial from its start; None: none
+
+    def trials(self) -> list[TrialSpec]:
+        """The trials this rank runs, in order (a worker group's, widest first)."""
+
+    def context(self, trial: TrialSpec, stamps: dict[str, float]) -> WorkerContext:
+        """This rank's context for `trial` (WorkerContext.from_env with the runner's device)."""
+
+    def narrow(self, size: int) -> bool:
+        """Before a trial of `size` ranks, fewer than so far: whether this rank is among them."""
+
+    def started(self, n: int, ctx: WorkerContext, at: float) -> None:
+        """Trial `n` has started on this rank at `at` (its time limit counts from here)."""
+
+    def finished(self, n: int, trial: TrialSpec, ctx: WorkerContext,
+                 records: list[RankRecord] | None) -> None:
+        """Trial `n` ended on this rank; `records` are every rank's, on rank 0 only. Returns
+        when the next trial may start."""
+
+
+def run_trials(config: dict[str, Any]) -> None:
+    """Every rank's entry: `config["side"]`'s trials in turn. A trial of fewer ranks than the
+    rank ran so far runs on the first ranks; the others return (the group runs its widest
+    trials first). Each trial builds everything afresh: a fresh workload, caches released."""
     entry = time.time()
-    queue = config.get("queue")
-    if config.get("cwd") and os.path.isdir(config["cwd"]):
-        # relative paths in a sweep (data, chip caches) mean the sweep's directory, not the
-        # trial directory Tune may have moved this process tree into
-        os.chdir(config["cwd"])
-    outcome = None
-    size = ray.train.get_context().get_world_size()
+    side: RankSide = config["side"]
+    trials = side.trials()
+    from raybench.context import process_start  # torch, here only: see the module's note
+    from raybench.worker import measure_rank
+
+    stamps: dict[str, float] = {"process_start": process_start(), "imported": time.time(),
+                                "loop_entry": entry}
+    size = None
     for n, trial in enumerate(trials):
-        start = entry if n == 0 else time.time()
-        if trial.hardware.world_size < size:
-            size = trial.hardware.world_size
-            if not process_group.narrow(size):  # part of the trial's rank_prep
-                return None  # the trials left run on the group's first ranks
-        stamps = ({"process_start": process_start(), "imported": IMPORTED_AT,
-                   "loop_entry": entry} if n == 0 else {"loop_entry": start})
-        ctx = _context(trial, config, stamps)
-        if queue is not None and ctx.rank == 0:
-            queue.put(("start", n, start))
-        watchdog = _watchdog(config.get("timeout_s"))  # per trial, from its start
+        if size is not None and trial.hardware.world_size < size and not side.narrow(
+                trial.hardware.world_size):  # part of the trial's rank_prep
+            return
+        size = trial.hardware.world_size
+        if n:
+            stamps = {"loop_entry": time.time()}
+        ctx = side.context(trial, stamps)
+        side.started(n, ctx, stamps["loop_entry"])
+        watchdog = _watchdog(side.timeout_s)  # per trial, from its start
         try:
-            records = run_worker(trial, ctx)
+            records = ctx.gather(measure_rank(trial, ctx))  # worker.run_worker's two steps
         finally:
             if watchdog:
                 watchdog.cancel()
-        if workloads.get(trial.workload_name).saves_checkpoint(trial.workload):
-            # (such a trial always runs alone: plan.worker_groups) Every rank reports exactly
-            # once (a rank that skipped it would hang the group), after the timed run; rank 0
-            # hands over the best epoch's weights as a Ray Train checkpoint.
-            folder = Path(ctx.artifact_dir or "") / "checkpoint"
-            keep = ctx.rank == 0 and ctx.artifact_dir is not None and folder.is_dir()
-            ray.train.report({"checkpointed": keep},
-                             checkpoint=ray.train.Checkpoint.from_directory(str(folder))
-                             if keep else None)
-        if records and config.get("parcels") is not None:  # nodes may share no disk
-            _send_files(config["parcels"], trial, config["trace_dir"])
         if records:  # rank 0: when its part ended, for the teardown that follows
             records[0].stamps["loop_exit"] = time.time()
-            outcome = metrics.outcome(records)
-        if queue is not None:
-            if outcome:
-                queue.put(("done", n, outcome))
-                if n + 1 < len(trials):
-                    _wait_for_row(config["handoff"], config["positions"][n])
-            outcome = None
+        side.finished(n, trial, ctx, records)
+        if n + 1 < len(trials):
             _release(ctx)
-    return outcome
-
-
-def _send_files(parcels: Any, trial: TrialSpec, trials_dir: str) -> None:
-    """Rank 0, after a trial: its files to the driver, unless the driver's folder is here."""
-    token = ray.get(parcels.get_token.remote())
-    if artifacts.shared(trials_dir, token):
-        return
-    files = artifacts.collect(trials_dir, trial)
-    if files:
-        ray.get(parcels.put.remote(Path(artifact_dir(trials_dir, trial)).name, files))
-
-
-ROW_WAIT_S = 120.0  # past this the driver is stuck elsewhere; the group goes on regardless
-
-
-def _wait_for_row(handoff: Any, position: int) -> None:
-    try:
-        ray.get(handoff.wait.remote(position), timeout=ROW_WAIT_S)
-    except ray.exceptions.GetTimeoutError:
-        log.warning("no word from the driver %g s after trial %d ended; going on",
-                    ROW_WAIT_S, position)
-
-
-def _context(trial: TrialSpec, config: dict[str, Any], stamps: dict[str, float]
-             ) -> WorkerContext:
-    rt = ray.get_runtime_context()
-    logical = config.get("logical_gpus", False)
-    # the rank's variables as process_group.py set them (narrowed to the trial's ranks where a
-    # worker group runs a trial of fewer: process_group.narrow); the GPU is the one Ray gave
-    return WorkerContext.from_env(
-        trial.hardware, device=torch.device("cpu") if logical else ray.train.torch.get_device(),
-        node_id=rt.get_node_id(), node_ip=ray.util.get_node_ip_address(),
-        accelerator_ids=[str(g) for g in rt.get_accelerator_ids().get("GPU", [])],
-        trace_path=trace_path(config["trace_dir"], trial),
-        artifact_dir=artifact_dir(config["trace_dir"], trial),
-        stamps=stamps,
-    )
 
 
 def _release(ctx: WorkerContext) -> None:
     """Between two trials in one process: nothing of the last one may stay behind. Its
     workload was local to the timed loop; collect what cycles kept, give cached CUDA blocks
     back (the next trial resets its peaks on an empty cache), drop compiled graphs."""
+    import torch
+
     gc.collect()
     if ctx.is_cuda:
         torch.cuda.empty_cache()
@@ -148,10 +99,10 @@ def _release(ctx: WorkerContext) -> None:
 
 
 def _watchdog(limit_s: float | None) -> threading.Timer | None:
-    """End this worker process when the trial's time is up.
+    """End this rank's process when the trial's time is up.
 
     A rank stuck in a collective or a long kernel cannot be interrupted from Python, so the
-    process exits; the driver sees the attempt outlive its limit and records a timeout."""
+    process exits; the runner sees the attempt outlive its limit and records a timeout."""
     if not limit_s:
         return None
 

@@ -27,11 +27,13 @@ import ray
 import ray.train
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
-from raybench import artifacts, fabric, metrics
+from raybench import artifacts, fabric
 from raybench.columns import Metric, declare
 from raybench.failures import failure
 from raybench.plan import NODE_TOKEN
 from raybench.process_group import ProcessGroupConfig
+from raybench.rank import run_trials
+from raybench.rank_ray import RayRanks
 from raybench.records import TrialOutcome, now
 from raybench.sections import ExecutionSpec, HardwareSpec
 from raybench.trials import TrialSpec
@@ -81,46 +83,41 @@ class TrialRef:
         return cls(trial.index, trial.key, trial.hardware, trial.resources(), ray.put(trial))
 
 
-def train_loop(config: dict[str, Any]) -> TrialOutcome | None:
-    """Ray Train's function on every rank: rank.run_trials, the group's trials in turn.
-
-    Only this stub is what the Tune trial process holds (it pickles the function by reference,
-    so it imports the module that defines it): the ranks' module, with torch and the
-    workloads, is loaded where it runs."""
-    if config.get("starts") is not None and ray.train.get_context().get_world_rank() == 0:
-        config["starts"].set.remote(config["run"])  # every rank's process is up by now
-    from raybench.rank import run_trials
-
-    return run_trials(config)
-
-
 @ray.remote(num_cpus=0)
-class Events:
-    """Things that happened, by key, for a process elsewhere to wait on. One per sweep for
-    each of two uses:
+class Mailbox:
+    """Messages by key, for a process elsewhere to take, one actor per sweep: what crosses
+    between a Train run's ranks and the Tune trial that started it.
 
-    - handoff: the driver's word that a trial's row is on disk (by sweep position). A worker
-      group's next trial waits for it: writing a row (table, trial file, the history) takes
-      the driver's CPU, and on a small machine that would land inside the next trial's
-      measured window. Under process isolation the next trial's start-up covers it.
-    - starts: a Train run's workers have come up (by run name): rank 0 says so as Ray Train
-      calls its function, after every worker of the group has started. Ray Train bounds the
-      wait for a placement (RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S) but not for the worker
-      processes that follow: a worker that cannot start (a `hardware.env` that breaks Python,
-      a runtime environment that fails on a node) left its controller waiting for ever."""
+    - a Train run's messages (by run name): "up" as Ray Train calls rank 0's function (every
+      worker of the group has started), "start" and "done" (with the outcome) per trial from
+      rank 0, "end" as the fit returns. Ray Train bounds the wait for a placement
+      (RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S) but not for the worker processes that follow:
+      a worker that cannot start (a `hardware.env` that breaks Python, a runtime environment
+      that fails on a node) left its controller waiting for ever; no "up" by
+      `start_deadline` makes the trial a row instead.
+    - the driver's word that a trial's row is on disk (("row", sweep position)): a worker
+      group's next trial waits for it, as writing a row (table, trial file, the history)
+      takes the driver's CPU, and on a small machine that would land inside the next trial's
+      measured window. Under process isolation the next trial's start-up covers it."""
 
     def __init__(self) -> None:
-        self._events: dict[Any, asyncio.Event] = {}
+        self._boxes: dict[Any, asyncio.Queue] = {}
 
-    def _event(self, key: Any) -> asyncio.Event:
-        return self._events.setdefault(key, asyncio.Event())
+    def _box(self, key: Any) -> asyncio.Queue:
+        return self._boxes.setdefault(key, asyncio.Queue())
 
-    async def set(self, key: Any) -> None:
-        self._event(key).set()
+    async def put(self, key: Any, message: Any) -> None:
+        self._box(key).put_nowait(message)
 
-    async def wait(self, key: Any) -> bool:
-        await self._event(key).wait()
-        return True
+    async def take(self, key: Any, timeout_s: float) -> Any:
+        """The next message under `key`, or None after `timeout_s`."""
+        try:
+            return await asyncio.wait_for(self._box(key).get(), timeout_s)
+        except asyncio.TimeoutError:
+            return None
+
+    async def close(self, key: Any) -> None:
+        self._boxes.pop(key, None)
 
 
 def start_deadline(execution: ExecutionSpec) -> float:
@@ -159,207 +156,195 @@ class Parcels:
         return self._files.pop(name, [])
 
 
+@dataclass(frozen=True)
+class RunSettings:
+    """What every Train run of a sweep shares, handed to Tune once (tune.with_parameters).
+    `storage` is Ray Train's storage path (a local folder or a URI), `trials_dir` where rank
+    0 writes traces and artefacts (on its own node), `strategies` the placement per trial key
+    (plan.strategy), `handoff` whether a group's next trial waits for the driver's word on the
+    last one's row (worker groups), `last` the group that ends with its last outcome."""
+
+    storage: str
+    trials_dir: str
+    execution: ExecutionSpec
+    cwd: str | None
+    strategies: dict[str, str]
+    mailbox: Any  # Mailbox
+    parcels: Any = None  # Parcels, on any cluster but an embedded one
+    handoff: bool = False
+    last: int | None = None
+
+
 def tune_entry(config: dict[str, Any], trials: list[TrialRef], groups: list[list[int]],
-               storage: str, trials_dir: str, execution: ExecutionSpec, cwd: str,
-               strategies: dict[str, str], handoff: Any = None, parcels: Any = None,
-               last: int | None = None, starts: Any = None) -> None:
+               runs: RunSettings) -> None:
     """One Tune function trial: run one worker group's trials (plan.worker_groups; one trial
-    under process isolation) and report each outcome to the driver as it ends, with the
-    trial's position in `trials`. Group `last` ends with its last outcome, without waiting for
-    its Train run's orderly end (run_group's `wait_end`): the driver sets it where nothing of
-    the sweep comes after that group and its Ray ends with the sweep.
+    under process isolation) on a Train run, and report each outcome to the driver as it ends,
+    with the trial's position in `trials`; a trial that fails ends the run, and the trials
+    after it start a fresh one. Group `runs.last` ends with its last outcome, without waiting
+    for its Train run's orderly end: the driver sets it where nothing of the sweep comes after
+    that group and its Ray ends with the sweep.
 
     It lives here, beside the trial it runs, not beside the Tune grid (runners/on_ray.py):
     Tune's trial process imports the module of its function, and this one holds only what a
     trial needs (the grid's module brings the results table and the report)."""
     from ray import tune
 
-    entry, start = time.time(), now()
     members = groups[config["group"]]
-    group = [trials[i] for i in members]
-    strategy = strategies[group[0].key]
-    if len(group) == 1:
-        outcomes = [(0, run_trial(group[0], storage, trials_dir, execution, cwd, strategy,
-                                  trial_start=entry, parcels=parcels, starts=starts))]
-    else:
-        outcomes = run_group(group, storage, trials_dir, execution, cwd, strategy, entry,
-                             handoff, members, parcels, wait_end=config["group"] != last)
-    for n, outcome in outcomes:
-        outcome.start_time, outcome.end_time = start, now()
-        start = outcome.end_time  # the next trial's time begins where this one's ends
-        tune.report({"raybench_trial": members[n],
-                     "raybench_outcome": json.dumps(outcome.to_dict())})
+    group = _Group([trials[i] for i in members], members, runs, begin=time.time())
+    start = now()
+    while group.pending:
+        fit = group.fit()
+        fit.start()
+        for i, outcome in group.outcomes(fit, wait_end=config["group"] != runs.last):
+            outcome.start_time, outcome.end_time = start, now()
+            start = outcome.end_time  # the next trial's time begins where this one's ends
+            tune.report({"raybench_trial": members[i],
+                         "raybench_outcome": json.dumps(outcome.to_dict())})
 
 
-def run_trial(trial: TrialRef, storage: str, trials_dir: str, execution: ExecutionSpec,
-              cwd: str | None = None, strategy: str = "PACK",
-              trial_start: float | None = None, parcels: Any = None,
-              starts: Any = None) -> TrialOutcome:
-    """Fit one trial; a worker process that died is retried up to `execution.max_retries` times
-    on fresh workers. Returns {status, error, metrics, ...} with `trial/retries`, never raises.
-    `starts` (an Events actor): the trial is an error row when its workers have not started by
-    `start_deadline`, its fit left to end with this process (Tune's trial: its Train
-    controller, and the controller's workers and placement, are owned by it)."""
-    lost: list[str] = []
-    while True:
-        start = time.monotonic()
-        fit_start = time.time()
-        trainer = _trainer([trial], None, storage, trials_dir, execution, cwd, strategy,
-                           len(lost), parcels=parcels, starts=starts)
+class _Fit(threading.Thread):
+    """`trainer.fit()` on a thread of its own, its result or error kept, and "end" to the
+    mailbox as it returns: the Tune trial follows the run through its messages meanwhile, and
+    leaves a fit behind that never started (or, the sweep's last, needs no orderly end)."""
+
+    def __init__(self, trainer: DataParallelTrainer, mailbox: Any, key: str) -> None:
+        super().__init__(daemon=True, name=f"raybench-fit-{key}")
+        self.trainer, self.mailbox, self.key = trainer, mailbox, key
+        self.result: Any = None
+        self.error: Exception | None = None
+        self.started_at, self.mono = time.time(), time.monotonic()
+
+    def run(self) -> None:
         try:
-            result = _fit_watched(trainer, starts, run_name([trial], len(lost)), execution)
-        except _NeverStarted:
-            return _finish(never_started(execution, trial.hardware), lost, strategy,
-                           execution, 0, trial.hardware.world_size)
-        except Exception as e:  # a failed trial is a row, never a lost sweep
-            out = failure(e, trial.resources)
-        else:
-            out = result.return_value or metrics.outcome(None)  # rank 0's, from every rank
-            out.stamps = {"fit_start": fit_start, "fit_end": time.time()}
-            if out.ok and result.checkpoint is not None:
-                out.metrics["train/checkpoint"] = checkpoint_uri(result.checkpoint)
-        out = _timed_out(out, time.monotonic() - start, execution)
-        if out.status == "lost" and len(lost) < execution.max_retries:
-            lost.append(_reason(out))
-            log.warning("trial %d (%s) lost a worker; retry %d of %d on fresh workers",
-                        trial.index, trial.key, len(lost), execution.max_retries)
-            continue
-        if trial_start is not None:  # a retried trial's fixed cost includes its lost attempts
-            out.stamps["trial_start"] = trial_start
-        return _finish(out, lost, strategy, execution, 0, trial.hardware.world_size)
+            self.result = self.trainer.fit()
+        except Exception as e:  # handed to the group, which makes it the trial's row
+            self.error = e
+        finally:
+            self.mailbox.put.remote(self.key, ("end", None, None))
 
 
-def run_group(trials: list[TrialRef], storage: str, trials_dir: str, execution: ExecutionSpec,
-              cwd: str | None, strategy: str, trial_start: float, handoff: Any,
-              positions: list[int], parcels: Any = None,
-              wait_end: bool = True) -> Iterator[tuple[int, TrialOutcome]]:
-    """Fit one worker group for `trials` (one shape, widest first: plan.worker_groups) and
-    yield (position, outcome) as each trial ends. A trial that fails ends its group (its other ranks
-    may be waiting for it in a collective, and a process that ran out of memory or raised is
-    not one to measure in again): it becomes a row, or is retried on fresh workers when a
-    worker died (`execution.max_retries`), and the trials after it start a fresh group.
-    `wait_end` False: return once the last trial's outcome is handed over, leaving the fit to
-    end with this process (Tune's trial; its Train controller and workers are owned by it):
-    Ray Train's orderly end (noticing rank 0's return at its next poll, shutting the workers
-    down, releasing the placement group) took 1.1-1.4 s of the sweep's end here."""
-    from ray.util.queue import Empty, Queue
+class _Group:
+    """A Tune trial's trials on one worker group, as its driver side follows them: the trials
+    still to run, their lost attempts, where the next trial's time begins. A trial that fails
+    ends the group's Train run (its other ranks may be waiting for it in a collective, and a
+    process that ran out of memory or raised is not one to measure in again): it becomes a
+    row, or is retried on fresh workers when a worker died (`execution.max_retries`)."""
 
-    pending = list(range(len(trials)))
-    lost: dict[int, list[str]] = {}
-    begin = trial_start  # the start of the next trial's time: the last outcome's hand-over
-    attempt = 0
-    while pending:
-        # the ranks' messages come through a 0-CPU queue actor while the fit runs
-        queue = Queue(actor_options={"num_cpus": 0})
-        box: dict[str, Any] = {}
-        fit_start, mono = time.time(), time.monotonic()
-        group = [trials[i] for i in pending]
-        ranks = _ranks(group)
-        trainer = _trainer(group, queue, storage, trials_dir, execution, cwd, strategy, attempt,
-                           # sweep positions, for the driver's word on rows
-                           handoff=handoff, positions=[positions[i] for i in pending],
-                           parcels=parcels)
-        thread = threading.Thread(target=_fit_into, args=(trainer, box, queue), daemon=True)
-        thread.start()
+    def __init__(self, trials: list[TrialRef], positions: list[int], runs: RunSettings,
+                 begin: float) -> None:
+        self.trials, self.positions, self.runs, self.begin = trials, positions, runs, begin
+        self.pending = list(range(len(trials)))
+        self.lost: dict[int, list[str]] = {}
+        self.attempt = 0
+        self.strategy = runs.strategies[trials[0].key]
+
+    def fit(self) -> _Fit:
+        """A Train run for the trials still to run, not yet started."""
+        group = [self.trials[i] for i in self.pending]
+        run = run_name(group, self.attempt)
+        trainer = _trainer(group, self.runs, self.strategy, run,
+                           [self.positions[i] for i in self.pending])
+        return _Fit(trainer, self.runs.mailbox, run)
+
+    def outcomes(self, fit: _Fit, wait_end: bool = True) -> Iterator[tuple[int, TrialOutcome]]:
+        """(index in the group, outcome) as each of `fit`'s trials ends; the trials it did not
+        get to stay pending. A lone trial's row waits for its run's end (its teardown is its
+        fixed cost; its checkpoint comes with the result). `wait_end` False: return once the
+        last outcome is handed over, the fit left to end with this process (Tune's trial,
+        which owns its Train controller and workers): Ray Train's orderly end (noticing rank
+        0's return at its next poll, shutting the workers down, releasing the placement
+        group) took 1.1-1.4 s of the sweep's end here."""
         started: dict[int, float] = {}
         finished = 0
-        deadline = time.monotonic() + start_deadline(execution)
-        while True:
-            up = started or finished
-            try:  # no polling while trials measure: the fit's end is a message too
-                kind, n, payload = queue.get(
-                    timeout=60 if up else max(0.1, min(60.0, deadline - time.monotonic())))
-            except Empty:
-                if not up and thread.is_alive() and time.monotonic() >= deadline:
-                    # none of the group's workers came up (see Events): none of its trials,
-                    # all of one shape and environment, can start; the fit is left behind
-                    for i in pending:
-                        yield i, _finish(never_started(execution, trials[i].hardware),
-                                         lost.get(i, []), strategy, execution, 0, ranks)
-                    return
-                if thread.is_alive():
-                    continue
-                break
-            if kind == "end":
-                break
+        for kind, n, payload in self._messages(fit):
             if kind == "start":
                 started[n] = time.monotonic()
                 continue
-            end = time.time()
-            out = payload
-            out.stamps = {"trial_start": begin, "fit_end": end}
-            if n == 0:  # the group's first trial carries its start-up
-                out.stamps["fit_start"] = fit_start
-            yield pending[n], _finish(out, lost.get(pending[n], []), strategy, execution, n,
-                                      ranks)
-            begin, finished = end, n + 1
-            if finished == len(pending) and not wait_end:
+            if kind == "never":  # all of one shape and environment: none can start
+                for i in self.pending:
+                    yield i, self._finish(never_started(self.runs.execution,
+                                                        self.trials[i].hardware), i, 0)
+                self.pending = []
                 return
-        thread.join()
-        queue.shutdown()
-        if finished == len(pending):
-            break
-        # the group ended with trials to go: the one in flight takes the fit's error
-        i = pending[finished]
-        error = box.get("error") or RuntimeError("the worker group ended before its trials")
-        out = failure(error, trials[i].resources)
-        # the limit counts a group's first trial from the fit's start, as run_trial does
-        since = mono if finished == 0 else started.get(finished, mono)
-        out = _timed_out(out, time.monotonic() - since, execution)
-        attempt += 1
-        reasons = lost.setdefault(i, [])
-        if out.status == "lost" and len(reasons) < execution.max_retries:
+            if len(self.trials) == 1:
+                fit.join()
+                _checkpoint(payload, fit.result)
+            end = time.time()
+            payload.stamps = {"trial_start": self.begin, "fit_end": end}
+            if n == 0:  # the run's first trial carries its start-up
+                payload.stamps["fit_start"] = fit.started_at
+            yield self.pending[n], self._finish(payload, self.pending[n], n)
+            self.begin, finished = end, n + 1
+            if finished == len(self.pending) and not wait_end:
+                break
+        else:
+            fit.join()
+        self.runs.mailbox.close.remote(fit.key)
+        if finished < len(self.pending):
+            yield from self._ended_early(fit, finished, started)
+        else:
+            self.pending = []
+
+    def _messages(self, fit: _Fit) -> Iterator[tuple[str, Any, Any]]:
+        """The run's messages until its "end", or ("never", ...) once `start_deadline` passes
+        with no word from its rank 0 (see Mailbox): that fit is left behind."""
+        deadline = time.monotonic() + start_deadline(self.runs.execution)
+        up = False
+        while True:  # no polling while trials measure: the fit's end is a message too
+            wait = 60.0 if up else max(0.1, min(60.0, deadline - time.monotonic()))
+            message = ray.get(self.runs.mailbox.take.remote(fit.key, wait))
+            if message is None:
+                if not up and time.monotonic() >= deadline and fit.is_alive():
+                    yield "never", None, None
+                    return
+                continue
+            if message[0] == "end":
+                return
+            up = True
+            if message[0] != "up":
+                yield message
+
+    def _ended_early(self, fit: _Fit, finished: int,
+                     started: dict[int, float]) -> Iterator[tuple[int, TrialOutcome]]:
+        """The run ended with trials to go: the one in flight takes the fit's error."""
+        i = self.pending[finished]
+        error = fit.error or RuntimeError("the worker group ended before its trials")
+        out = failure(error, self.trials[i].resources)
+        # the limit counts the run's first trial from the fit's start
+        since = fit.mono if finished == 0 else started.get(finished, fit.mono)
+        out = _timed_out(out, time.monotonic() - since, self.runs.execution)
+        self.attempt += 1
+        reasons = self.lost.setdefault(i, [])
+        if out.status == "lost" and len(reasons) < self.runs.execution.max_retries:
             reasons.append(_reason(out))
-            log.warning("trial %d (%s) lost a worker; retry %d of %d on a fresh worker group",
-                        trials[i].index, trials[i].key, len(reasons), execution.max_retries)
-            pending = pending[finished:]
-            continue
-        yield i, _finish(out, reasons, strategy, execution, finished, ranks)
-        begin = time.time()
-        pending = pending[finished + 1:]
+            log.warning("trial %d (%s) lost a worker; retry %d of %d on fresh workers",
+                        self.trials[i].index, self.trials[i].key, len(reasons),
+                        self.runs.execution.max_retries)
+            self.pending = self.pending[finished:]
+            return
+        yield i, self._finish(out, i, finished)
+        self.begin = time.time()
+        self.pending = self.pending[finished + 1:]
+
+    def _finish(self, out: TrialOutcome, i: int, position: int) -> TrialOutcome:
+        """The row fields every Ray Train trial carries, whatever became of it."""
+        execution = self.runs.execution
+        if out.ok:
+            out.metrics["cluster/placement_strategy"] = self.strategy
+            out.metrics["cluster/concurrency"] = execution.concurrency
+        lost = self.lost.get(i, [])
+        out.metrics["trial/isolation"] = execution.isolation
+        out.metrics["trial/group_position"] = position
+        out.metrics["trial/group_ranks"] = _ranks(self.trials)
+        out.metrics["trial/retries"] = len(lost)
+        if lost:
+            out.metrics["trial/retry_reasons"] = " | ".join(lost)
+        return out
 
 
-class _NeverStarted(Exception):
-    pass
-
-
-def _fit_watched(trainer: DataParallelTrainer, starts: Any, run: str,
-                 execution: ExecutionSpec) -> Any:
-    """`trainer.fit()`, or _NeverStarted once `start_deadline` passes with no word from its
-    rank 0 (see Events); then the fit thread is left behind, waiting in Ray Train."""
-    if starts is None:
-        return trainer.fit()
-    box: dict[str, Any] = {}
-
-    def fit() -> None:
-        try:
-            box["result"] = trainer.fit()
-        except BaseException as e:  # handed to the caller's thread
-            box["error"] = e
-
-    thread = threading.Thread(target=fit, daemon=True, name="raybench-fit")
-    thread.start()
-    up = starts.wait.remote(run)
-    deadline = time.monotonic() + start_deadline(execution)
-    while thread.is_alive() and time.monotonic() < deadline:
-        ready, _ = ray.wait([up], timeout=min(1.0, max(0.0, deadline - time.monotonic())))
-        if ready:
-            thread.join()  # up: the trial's own time limit (rank.py's watchdog) governs now
-            break
-    if thread.is_alive():
-        raise _NeverStarted()
-    if "error" in box:
-        raise box["error"]
-    return box["result"]
-
-
-def _fit_into(trainer: DataParallelTrainer, box: dict[str, Any], queue: Any) -> None:
-    try:
-        trainer.fit()  # a group's outcomes came through the queue; only its error is kept
-    except Exception as e:  # handed to the group's loop, which makes it the trial's row
-        box["error"] = e
-    finally:
-        queue.put(("end", None, None))
+def _checkpoint(out: TrialOutcome, result: Any) -> None:
+    if out.ok and result is not None and result.checkpoint is not None:
+        out.metrics["train/checkpoint"] = checkpoint_uri(result.checkpoint)
 
 
 def checkpoint_uri(checkpoint: Any) -> str:
@@ -391,21 +376,6 @@ def _ranks(trials: list[TrialRef]) -> int:
     return max(t.hardware.world_size for t in trials)
 
 
-def _finish(out: TrialOutcome, lost: list[str], strategy: str, execution: ExecutionSpec,
-            position: int, ranks: int) -> TrialOutcome:
-    """The row fields every Ray Train trial carries, whatever became of it."""
-    if out.ok:
-        out.metrics["cluster/placement_strategy"] = strategy
-        out.metrics["cluster/concurrency"] = execution.concurrency
-    out.metrics["trial/isolation"] = execution.isolation
-    out.metrics["trial/group_position"] = position
-    out.metrics["trial/group_ranks"] = ranks
-    out.metrics["trial/retries"] = len(lost)
-    if lost:
-        out.metrics["trial/retry_reasons"] = " | ".join(lost)
-    return out
-
-
 def _worker_env(trial: TrialRef | TrialSpec, execution: ExecutionSpec) -> dict[str, str]:
     """The workers' environment: NCCL's debug file where ranks talk over NCCL (to read back
     which network it chose), then the trial's own `hardware.env`, which wins."""
@@ -423,14 +393,12 @@ def run_name(trials: list[TrialRef], attempt: int) -> str:
     return name + (f"_retry{attempt}" if attempt else "")
 
 
-def _trainer(trials: list[TrialRef], queue: Any, storage: str, trials_dir: str,
-             execution: ExecutionSpec, cwd: str | None, strategy: str,
-             attempt: int, starts: Any = None, **config: Any) -> DataParallelTrainer:
-    """One Ray Train run for `trials` (one, or a worker group's: one shape, as many ranks as
-    the widest, which runs first). `storage`
-    is Ray Train's storage path (a local folder or a URI), `trials_dir` where rank 0 writes
-    traces and artefacts (on its own node), `strategy` the placement (plan.strategy), `queue`
-    where rank 0 hands a group's outcomes over (None: one trial, through its return value)."""
+def _trainer(trials: list[TrialRef], runs: RunSettings, strategy: str, run: str,
+             positions: list[int]) -> DataParallelTrainer:
+    """One Ray Train run named `run` for `trials` (one, or a worker group's: one shape, as
+    many ranks as the widest, which runs first), placed by `strategy` (plan.strategy);
+    `positions`: the trials' places in the sweep, which the driver's word on rows names."""
+    execution = runs.execution
     for key, value in TRAIN_ENV.items():
         os.environ.setdefault(key, value)  # a user's own setting wins
     os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = str(execution.start_timeout_s)
@@ -442,16 +410,15 @@ def _trainer(trials: list[TrialRef], queue: Any, storage: str, trials_dir: str,
         # the workers of a trial share one node's token between them, so no other trial's
         # workers can join that node (shares rounded down: Ray counts resources in 1e-4 units)
         per_worker[NODE_TOKEN] = int(10_000 / hw.world_size) / 10_000
-    name = run_name(trials, attempt)
+    # the trials by reference (TrialRef): the Train controller unpickles this config for its
+    # run state. Traces and artefacts land beside the trial JSONs, on rank 0's node.
+    side = RayRanks(specs=[t.spec for t in trials], mailbox=runs.mailbox, run=run,
+                    positions=positions, trace_dir=runs.trials_dir, cwd=runs.cwd,
+                    logical_gpus=execution.logical_gpus, timeout_s=execution.trial_timeout_s,
+                    parcels=runs.parcels, handoff=runs.handoff)
     return DataParallelTrainer(
-        train_loop,
-        # the trials by reference (TrialRef): the Train controller unpickles this config for
-        # its run state. Traces and artefacts land beside the trial JSONs, on rank 0's node.
-        train_loop_config={"trials": [t.spec for t in trials], "queue": queue,
-                           "trace_dir": trials_dir,
-                           "cwd": cwd, "logical_gpus": execution.logical_gpus,
-                           "timeout_s": execution.trial_timeout_s,
-                           "starts": starts, "run": name, **config},
+        run_trials,  # the rank entry itself, on every worker
+        train_loop_config={"side": side},
         backend_config=ProcessGroupConfig(
             backend="gloo" if execution.logical_gpus else hw.backend),
         scaling_config=ray.train.ScalingConfig(
@@ -459,8 +426,8 @@ def _trainer(trials: list[TrialRef], queue: Any, storage: str, trials_dir: str,
             placement_strategy=strategy,
         ),
         run_config=ray.train.RunConfig(
-            name=name,
-            storage_path=storage,
+            name=run,
+            storage_path=runs.storage,
             # A worker group that cannot be placed must fail once, not be retried forever
             # (controller_failure_limit defaults to -1 in Ray 2.60).
             failure_config=ray.train.FailureConfig(max_failures=0, controller_failure_limit=0),

@@ -3,8 +3,8 @@
 Tune's trial process and the Train controller load no torch: on the 2-core machine importing
 torch and a workload's model library cost each of them 2.7 s of a core at every worker group's
 start (docs/performance.md). They get a trial as `trial.TrialRef` (its spec by reference), the
-function `trial.train_loop` and the backend `process_group.ProcessGroupConfig`, all unpickled
-by reference to their modules. The sweep's driver validates the workload's parameters, so it
+rank entry `rank.run_trials` with its Ray side `rank_ray.RayRanks`, and the backend
+`process_group.ProcessGroupConfig`, all unpickled by reference to their modules. The sweep's driver validates the workload's parameters, so it
 imports the workload module and torch, but not the model library (torchvision: 1.4 s), nor
 MLflow for Tune's count of its callbacks (0.7 s).
 """
@@ -21,7 +21,9 @@ import pytest
 from raybench.grid import expand
 from raybench.process_group import ProcessGroupConfig
 from raybench.spec import load_sweep
-from raybench.trial import TrialRef, train_loop, tune_entry
+from raybench.rank import run_trials
+from raybench.rank_ray import RayRanks
+from raybench.trial import TrialRef, tune_entry
 from tests.conftest import ROOT
 
 LOAD = ("import pickle, sys; pickle.loads(sys.stdin.buffer.read()); "
@@ -40,7 +42,8 @@ def test_a_trial_ref_the_backend_and_the_train_function_load_no_torch(write_swee
     (trial,) = expand(load_sweep(write_sweep(), ["grid={}", "hardware.cpu_workers=2"]))
     # the spec's place holds a ray.ObjectRef in a run; any picklable stands in here
     ref = TrialRef(trial.index, trial.key, trial.hardware, trial.resources(), spec=None)
-    blob = pickle.dumps((ref, ProcessGroupConfig(backend="gloo"), train_loop, tune_entry))
+    side = RayRanks(specs=[], mailbox=None, run="r", positions=[0], trace_dir="/tmp")
+    blob = pickle.dumps((ref, ProcessGroupConfig(backend="gloo"), run_trials, side, tune_entry))
     assert _loaded_by(blob) == "[]"
     # the TrialSpec itself would: its workload parameters are its workload module's class
     assert "torch" in _loaded_by(pickle.dumps(trial))

@@ -76,12 +76,13 @@ class RayRunner(Runner):
             return
         if trials[0].inference is not None:
             _scenarios(self.spec, trials, done)
-        else:
-            # a cluster joined may grow nodes later (an autoscaler): only an embedded Ray is
-            # sure to be this one machine
-            _tune(self.spec, trials, self.out, done, name, self.nodes,
-                  embedded=cluster.target(self.address) is None,
-                  ends_ray=last and self._started)
+            return
+        # a cluster joined may grow nodes later (an autoscaler): only an embedded Ray is sure
+        # to be this one machine
+        tuner = _tuner(self.spec, trials, self.out, done, name, self.nodes,
+                       embedded=cluster.target(self.address) is None,
+                       ends_ray=last and self._started)
+        tuner.fit()
 
 
 def _scenarios(spec, trials: list[TrialSpec], done: Done) -> None:
@@ -98,9 +99,12 @@ def _scenarios(spec, trials: list[TrialSpec], done: Done) -> None:
         done(t, outcome)
 
 
-def _tune(spec, trials: list[TrialSpec], out: Path, done: Done, name: str,
-          nodes: list[dict[str, float]], embedded: bool = False, ends_ray: bool = False) -> None:
-    import ray
+def _tuner(spec, trials: list[TrialSpec], out: Path, done: Done, name: str,
+           nodes: list[dict[str, float]], embedded: bool = False, ends_ray: bool = False) -> Any:
+    """The Tune grid: one function trial per worker group (trial.tune_entry), each trial alone
+    or (isolation: worker) the trials of one shape on one group of workers, one after
+    another; max_concurrent_trials from plan.concurrency_limit; a driver-side callback hands
+    each outcome to the sweep loop as it comes."""
     from ray import tune
 
     from raybench.trial import TrialRef, tune_entry
@@ -110,42 +114,72 @@ def _tune(spec, trials: list[TrialSpec], out: Path, done: Done, name: str,
     _skip_callback_census()
     # ...so Tune's end-of-run analysis finds no result.json; its warning about that is noise.
     logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
-    storage = str(out / "ray")
-    if spec.output.storage:  # checkpoints go straight to shared storage
-        storage = store.identity(storage_uri(spec.output.storage, spec.name, out.name, "ray"))
-    trials_dir = str(out / "trials")
     execution = spec.execution
-    cwd = os.getcwd()  # the sweep's relative paths are relative to where it was started
     limit, why = plan.concurrency_limit(trials, nodes, execution.concurrency)
     log.info("concurrency %s", why)
     strategies = {t.key: plan.strategy(t, nodes, execution.placement, execution.concurrency)
                   for t in trials}
-    # one Tune trial per worker group: each trial alone, or (isolation: worker) the trials
-    # of one shape on one group of workers, one after another
     groups = plan.worker_groups(trials, strategies, execution.isolation, limit)
-    from raybench.trial import Events
-
-    handoff = None
     if len(groups) < len(trials):
         log.info("isolation worker: %d trials on %d worker groups", len(trials), len(groups))
-        handoff = Events.remote()  # a group's next trial waits until this one's row is written
-    starts = Events.remote()  # a trial whose workers never start is a row, not a hang
-    parcels = None
-    if len(nodes) > 1 or not embedded:  # rank 0 may run where this run directory is not
-        from raybench.trial import Parcels
+    runs = _run_settings(spec, out, strategies, handoff=len(groups) < len(trials),
+                         # rank 0 may run where this run directory is not
+                         parcels=len(nodes) > 1 or not embedded,
+                         # the last group's Train run ends with the Ray that stop() ends
+                         last=len(groups) - 1 if ends_ray else None)
+    _start_autoscaling_coordinator()
+    return tune.Tuner(
+        tune.with_resources(
+            tune.with_parameters(tune_entry, trials=[TrialRef.of(t) for t in trials],
+                                 groups=groups, runs=runs),
+            {"cpu": 0.01},  # the trainer's workers hold the real resources; {"cpu": 0} is rejected
+        ),
+        param_space={"group": tune.grid_search(list(range(len(groups))))},
+        tune_config=tune.TuneConfig(max_concurrent_trials=limit, reuse_actors=False),
+        run_config=tune.RunConfig(
+            name=name, storage_path=runs.storage, verbose=0,
+            callbacks=[_writer(trials, groups, runs, done)],
+            failure_config=tune.FailureConfig(max_failures=0),
+        ),
+    )
 
-        parcels = Parcels.remote(artifacts.mark(trials_dir))
+
+def _run_settings(spec, out: Path, strategies: dict[str, str], handoff: bool, parcels: bool,
+                  last: int | None) -> Any:
+    """What every Train run of the sweep shares (trial.RunSettings), its actors started."""
+    from raybench.trial import Mailbox, Parcels, RunSettings
+
+    storage = str(out / "ray")
+    if spec.output.storage:  # checkpoints go straight to shared storage
+        storage = store.identity(storage_uri(spec.output.storage, spec.name, out.name, "ray"))
+    trials_dir = str(out / "trials")
+    return RunSettings(
+        storage=storage, trials_dir=trials_dir, execution=spec.execution,
+        cwd=os.getcwd(),  # the sweep's relative paths are relative to where it was started
+        strategies=strategies,
+        mailbox=Mailbox.remote(),  # the ranks' messages; a trial that never starts is a row
+        parcels=Parcels.remote(artifacts.mark(trials_dir)) if parcels else None,
+        handoff=handoff, last=last)
+
+
+def _writer(by_index: list[TrialSpec], groups: list[list[int]], runs: Any, done: Done) -> Any:
+    """Tune's driver-side callback: each outcome, with the trial's files where they came from
+    another node, to `done` (the sweep loop's row) as its trial ends; then the word to a
+    worker group waiting on that row."""
+    import ray
+    from ray import tune
 
     reported: set[int] = set()
+    trials_dir = runs.trials_dir
 
     class Writer(tune.Callback):
         def on_trial_result(self, iteration, trials, trial, result, **info):
             i = result["raybench_trial"]
             reported.add(i)
             outcome = TrialOutcome.from_dict(json.loads(result["raybench_outcome"]))
-            if parcels is not None:  # before the row: a sink may read the trial's folder
+            if runs.parcels is not None:  # before the row: a sink may read the trial's folder
                 name = Path(artifact_dir(trials_dir, by_index[i])).name
-                files = ray.get(parcels.take.remote(name))
+                files = ray.get(runs.parcels.take.remote(name))
                 if files:
                     log.info("wrote %d files of trial %s (%d bytes) from rank 0's node",
                              len(files), name, artifacts.unpack(trials_dir, files))
@@ -153,8 +187,8 @@ def _tune(spec, trials: list[TrialSpec], out: Path, done: Done, name: str,
             if "fit_end" in outcome.stamps:  # Tune's report reaching the driver, with its row
                 outcome.metrics["overhead/report_s"] = time.time() - outcome.stamps["fit_end"]
             done(by_index[i], outcome)
-            if handoff is not None:
-                handoff.set.remote(i)
+            if runs.handoff:
+                runs.mailbox.put.remote(("row", i), True)
 
         def on_trial_error(self, iteration, trials, trial, **info):
             for i in groups[trial.config["group"]]:
@@ -162,28 +196,7 @@ def _tune(spec, trials: list[TrialSpec], out: Path, done: Done, name: str,
                     done(by_index[i], TrialOutcome.failed(
                         "error", f"Tune trial failed: {_read(trial.error_file)}"))
 
-    by_index = {i: t for i, t in enumerate(trials)}
-    _start_autoscaling_coordinator()
-    tuner = tune.Tuner(
-        tune.with_resources(
-            tune.with_parameters(tune_entry, trials=[TrialRef.of(t) for t in trials],
-                                 groups=groups,
-                                 storage=storage, trials_dir=trials_dir, execution=execution,
-                                 cwd=cwd, strategies=strategies, handoff=handoff,
-                                 starts=starts,
-                                 parcels=parcels,
-                                 # the last group's Train run ends with the Ray that stop() ends
-                                 last=len(groups) - 1 if ends_ray else None),
-            {"cpu": 0.01},  # the trainer's workers hold the real resources; {"cpu": 0} is rejected
-        ),
-        param_space={"group": tune.grid_search(list(range(len(groups))))},
-        tune_config=tune.TuneConfig(max_concurrent_trials=limit, reuse_actors=False),
-        run_config=tune.RunConfig(
-            name=name, storage_path=storage, verbose=0, callbacks=[Writer()],
-            failure_config=tune.FailureConfig(max_failures=0),
-        ),
-    )
-    tuner.fit()
+    return Writer()
 
 
 def _start_autoscaling_coordinator() -> None:

@@ -79,7 +79,7 @@ def test_every_sweep_file_is_planned():
 def test_blocked_worker_group_gives_up_quickly(tmp_path, write_sweep):
     """Resources exist but are held: Ray Train's start deadline must end the trial, once."""
     from raybench.spec import ExecutionSpec
-    from raybench.trial import TrialRef, run_trial
+    from raybench.trial import Mailbox, RunSettings, TrialRef, _Group
 
     (trial,) = expand(load_sweep(write_sweep(), ["grid={}"]))
     ray.init(num_cpus=2)
@@ -89,8 +89,13 @@ def test_blocked_worker_group_gives_up_quickly(tmp_path, write_sweep):
         hog = placement_group([{"CPU": 2}])
         ray.get(hog.ready(), timeout=30)
         t0 = time.monotonic()
-        out = run_trial(TrialRef.of(trial), str(tmp_path / "ray"), str(tmp_path / "trials"),
-                        ExecutionSpec(start_timeout_s=5))
+        runs = RunSettings(str(tmp_path / "ray"), str(tmp_path / "trials"),
+                           ExecutionSpec(start_timeout_s=5), None, {trial.key: "PACK"},
+                           Mailbox.remote())
+        group = _Group([TrialRef.of(trial)], [0], runs, begin=time.time())
+        fit = group.fit()
+        fit.start()
+        ((_, out),) = list(group.outcomes(fit))
         elapsed = time.monotonic() - t0
         remove_placement_group(hog)
     finally:
