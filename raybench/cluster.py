@@ -12,6 +12,8 @@ from typing import Any
 
 import ray
 
+from raybench import ray_private
+
 log = logging.getLogger(__name__)
 
 # Ray's own chatter and telemetry are off for benchmark runs; both are read at ray.init.
@@ -59,14 +61,11 @@ def local_shape() -> dict[str, float]:
     finds itself, as on a cluster's nodes (NVML, within CUDA_VISIBLE_DEVICES), not torch's
     count: the sweep starts this Ray while torch is still being imported (sweep.py).
     """
-    from ray._private.accelerators import get_accelerator_manager_for_resource
-
-    gpu = get_accelerator_manager_for_resource("GPU")
-    gpus = gpu.get_current_node_num_accelerators()
-    visible = gpu.get_current_process_visible_accelerator_ids()
-    if visible is not None:
-        gpus = min(gpus, len(visible))
-    return {"CPU": float((os.cpu_count() or 1) + 1), "GPU": float(gpus)}
+    gpus = ray_private.visible_gpus()
+    shape = {"CPU": float((os.cpu_count() or 1) + 1)}
+    if gpus is not None:  # else Ray counts them at ray.init
+        shape["GPU"] = float(gpus)
+    return shape
 
 
 def ray_is_up() -> bool:
@@ -85,11 +84,12 @@ def connect(address: str | None) -> bool:
         _say_where_ray_logs()
         return False
     shape = local_shape()
-    log.info("starting an embedded Ray: %g CPUs, %g GPUs", shape["CPU"], shape["GPU"])
+    log.info("starting an embedded Ray: %g CPUs, %s GPUs", shape["CPU"],
+             f"{shape['GPU']:g}" if "GPU" in shape else "Ray's count of")
     # The dashboard serves the State API that Ray Train's placement-group cleaner polls; it
     # listens on loopback only, since an embedded Ray has no reason to be reachable.
     # one raybench_node token: what `concurrency: per_node` trials hold a node by (plan.py)
-    ray.init(num_cpus=int(shape["CPU"]), num_gpus=int(shape["GPU"]),
+    ray.init(num_cpus=int(shape["CPU"]), num_gpus=int(shape["GPU"]) if "GPU" in shape else None,
              resources={"raybench_node": 1},
              include_dashboard=True, dashboard_host="127.0.0.1", **_console())
     _say_where_ray_logs()
@@ -111,13 +111,10 @@ def shutdown() -> None:
     which it always used up: 1.0 of the 1.4 s that `ray.shutdown` took at the end of every
     sweep here. An embedded Ray has nothing for it to scale or save, so it goes first, at
     once; the rest end as Ray ends them."""
-    from ray._private import ray_constants, worker
-
-    node = getattr(worker, "_global_node", None)
-    for info in getattr(node, "all_processes", {}).get(ray_constants.PROCESS_TYPE_MONITOR, []):
-        if info.process.poll() is None:
-            info.process.kill()
-            info.process.wait(timeout=5)
+    for monitor in ray_private.autoscaler_monitors():
+        if monitor.poll() is None:
+            monitor.kill()
+            monitor.wait(timeout=5)
     ray.shutdown()
 
 

@@ -12,6 +12,7 @@ ranks. Owns nothing else: devices, DDP and the timed loop are the worker's (work
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -26,9 +27,10 @@ TIMEOUT_S = 1800.0  # a collective's limit, as under Ray's TorchConfig
 
 def _rendezvous() -> tuple[str, int]:
     """This node's address and a free port: rank 0's, for every rank to meet at."""
-    from ray.train._internal.utils import get_address_and_port
-
-    return get_address_and_port()
+    addr = ray.util.get_node_ip_address()
+    with socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET) as s:
+        s.bind(("", 0))
+        return addr, s.getsockname()[1]
 
 
 def _join(backend: str, url: str, timeout_s: float) -> None:
@@ -140,9 +142,9 @@ class ProcessGroupConfig(BackendConfig):
 
     @property
     def framework(self) -> Any:
-        from ray.train.v2._internal.util import TrainingFramework
+        from raybench import ray_private
 
-        return TrainingFramework.TORCH  # what Ray's run state and dashboard record
+        return ray_private.torch_framework()  # what Ray's run state and dashboard record
 
     def to_dict(self) -> dict[str, Any]:
         return {"backend": self.backend, "timeout_s": self.timeout_s}

@@ -25,9 +25,8 @@ from typing import Any
 
 import ray
 import ray.train
-from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
-from raybench import artifacts, fabric
+from raybench import artifacts, fabric, ray_private
 from raybench.columns import Metric, declare
 from raybench.failures import failure
 from raybench.plan import NODE_TOKEN
@@ -207,7 +206,7 @@ class _Fit(threading.Thread):
     mailbox as it returns: the Tune trial follows the run through its messages meanwhile, and
     leaves a fit behind that never started (or, the sweep's last, needs no orderly end)."""
 
-    def __init__(self, trainer: DataParallelTrainer, mailbox: Any, key: str) -> None:
+    def __init__(self, trainer: Any, mailbox: Any, key: str) -> None:
         super().__init__(daemon=True, name=f"raybench-fit-{key}")
         self.trainer, self.mailbox, self.key = trainer, mailbox, key
         self.result: Any = None
@@ -394,7 +393,7 @@ def run_name(trials: list[TrialRef], attempt: int) -> str:
 
 
 def _trainer(trials: list[TrialRef], runs: RunSettings, strategy: str, run: str,
-             positions: list[int]) -> DataParallelTrainer:
+             positions: list[int]) -> Any:
     """One Ray Train run named `run` for `trials` (one, or a worker group's: one shape, as
     many ranks as the widest, which runs first), placed by `strategy` (plan.strategy);
     `positions`: the trials' places in the sweep, which the driver's word on rows names."""
@@ -416,7 +415,7 @@ def _trainer(trials: list[TrialRef], runs: RunSettings, strategy: str, run: str,
                     positions=positions, trace_dir=runs.trials_dir, cwd=runs.cwd,
                     logical_gpus=execution.logical_gpus, timeout_s=execution.trial_timeout_s,
                     parcels=runs.parcels, handoff=runs.handoff)
-    return DataParallelTrainer(
+    return ray_private.data_parallel_trainer()(
         run_trials,  # the rank entry itself, on every worker
         train_loop_config={"side": side},
         backend_config=ProcessGroupConfig(

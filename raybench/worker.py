@@ -64,25 +64,9 @@ def check_env(env: dict[str, str]) -> None:
 
 
 def measure_rank(trial: TrialSpec, ctx: WorkerContext) -> RankRecord:
-    check_env(trial.hardware.env)
-    if not ctx.is_cuda:
-        # As many intra-op threads as logical CPUs reserved: Ray's OMP_NUM_THREADS rule for
-        # its workers, applied here too so the in-process runner measures the same thing.
-        torch.set_num_threads(max(1, int(trial.hardware.cpus_per_worker)))
-    if ctx.is_cuda:
-        torch.cuda.set_device(ctx.device)
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(ctx.device)
-    heap = steady_heap()  # before the workload allocates: the same heap in every process
-    reset_peak_rss()
-    ctx.set_math_mode()
-    if ctx.is_cuda:
-        # the budget is a hard cap on GPU (allocations beyond it raise out-of-memory); set on
-        # every trial, so a budget never outlives its trial in an in-process runner
-        total = torch.cuda.get_device_properties(ctx.device).total_memory / 2**20
-        budget = trial.hardware.memory_budget_mb
-        torch.cuda.set_per_process_memory_fraction(
-            min(1.0, budget / total) if budget else 1.0, ctx.device)
+    """This rank's part of a trial: the workload built afresh, warmup, the measured windows (or
+    epochs), then its record."""
+    heap = _prepare(trial, ctx)
     workload = workloads.get(trial.workload_name)(trial.workload, ctx)
     stamps = {**ctx.stamps, "setup_start": time.time()}
     t_setup = time.perf_counter()
@@ -113,23 +97,54 @@ def measure_rank(trial: TrialSpec, ctx: WorkerContext) -> RankRecord:
         run["warm"] = warm + run["warm"]  # windows that became warmup come after the steps
         if run["warmup_windows"]:  # CPU time, faults and telemetry of the kept windows only
             before = run["kept_from"]
-    warm, wait_s, compute_s, loss = run["warm"], run["wait_s"], run["compute_s"], run["loss"]
-    usage = _window_usage(before, _usage())
+    run["usage"] = _window_usage(before, _usage())
     stamps["measure_end"] = time.time()
     telemetry = sampler.stop() if sampler else []
     if run.get("warmup_windows"):
         telemetry = [s for s in telemetry if s["t"] >= run["kept_from"]["t"]]
+    run.update(telemetry=telemetry, uuid=sampler.uuid if sampler else None, heap=heap,
+               setup_s=setup_s)
+    return _record(trial, ctx, workload, batches, run, stamps)
+
+
+def _prepare(trial: TrialSpec, ctx: WorkerContext) -> str:
+    """The rank's device, threads, heap and math mode, set for this trial whatever ran in this
+    process before; returns the heap's kind (memory.steady_heap)."""
+    check_env(trial.hardware.env)
+    if not ctx.is_cuda:
+        # As many intra-op threads as logical CPUs reserved: Ray's OMP_NUM_THREADS rule for
+        # its workers, applied here too so the in-process runner measures the same thing.
+        torch.set_num_threads(max(1, int(trial.hardware.cpus_per_worker)))
+    if ctx.is_cuda:
+        torch.cuda.set_device(ctx.device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(ctx.device)
+    heap = steady_heap()  # before the workload allocates: the same heap in every process
+    reset_peak_rss()
+    ctx.set_math_mode()
+    if ctx.is_cuda:
+        # the budget is a hard cap on GPU (allocations beyond it raise out-of-memory); set on
+        # every trial, so a budget never outlives its trial in an in-process runner
+        total = torch.cuda.get_device_properties(ctx.device).total_memory / 2**20
+        budget = trial.hardware.memory_budget_mb
+        torch.cuda.set_per_process_memory_fraction(
+            min(1.0, budget / total) if budget else 1.0, ctx.device)
+    return heap
+
+
+def _record(trial: TrialSpec, ctx: WorkerContext, workload: workloads.Workload, batches: Any,
+            run: dict[str, Any], stamps: dict[str, float]) -> RankRecord:
+    """The rank's record of a measured trial (`run`: what measure_rank gathered), after the
+    unmeasured extras: memory figures, the profiled steps, the FLOP count."""
     memory = _memory(ctx)  # before tracing and FLOP counting, which are not the workload's
     ctx.settle_marks()  # epochs: their steps' own-compute marks
     phases = {k: list(v) for k, v in ctx.phase_s.items()}  # ...nor are their phase times
     own = list(ctx.own_s)
-    trace = _profile(workload, batches, ctx, m.profile_steps)
-
+    trace = _profile(workload, batches, ctx, trial.measure.profile_steps)
     model = workload.model
-    flops = _flops(workload) if ctx.rank == 0 else None
-    n_params = sum(p.numel() for p in model.parameters())
     size_b = sum(p.numel() * p.element_size() for p in model.parameters())
     size_b += sum(b.numel() * b.element_size() for b in model.buffers())
+    warm, compute_s, loss = run["warm"], run["compute_s"], run["loss"]
     return RankRecord(
         workload=trial.workload_name,
         rank=ctx.rank,
@@ -149,26 +164,26 @@ def measure_rank(trial: TrialSpec, ctx: WorkerContext) -> RankRecord:
         epochs=run.get("epochs"),
         samples_per_step=workload.samples_per_step(),
         warmup_s=[w + c for w, c, _ in warm],
-        wait_s=wait_s,
+        wait_s=run["wait_s"],
         compute_s=compute_s,
         windows_s=run["windows_s"],
         phase_s=phases,
         own_s=own,
-        setup_s=setup_s,
+        setup_s=run["setup_s"],
         loss_final=None if loss is None else float(loss.float().item()),
-        params=n_params,
+        params=sum(p.numel() for p in model.parameters()),
         model_size_mb=size_b / 2**20,
         **memory,
         describe=workload.describe(),
         precision=trial.hardware.precision,
         ranks_per_gpu=trial.hardware.ranks_per_gpu,
-        **usage,
-        heap=heap, niceness=os.nice(0),
-        telemetry=telemetry,
+        **run["usage"],
+        heap=run["heap"], niceness=os.nice(0),
+        telemetry=run["telemetry"],
         trace=trace,
-        gpu=aggregate(telemetry, workload.samples_per_step() * len(compute_s),
-                      sampler.uuid if sampler else None),
-        flops_per_sample=flops,
+        gpu=aggregate(run["telemetry"], workload.samples_per_step() * len(compute_s),
+                      run["uuid"]),
+        flops_per_sample=_flops(workload) if ctx.rank == 0 else None,
         stamps={**stamps, "record_end": time.time()},
     )
 

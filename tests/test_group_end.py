@@ -155,3 +155,25 @@ def test_a_run_whose_workers_never_start_is_an_error_row_per_trial(run):
     assert done.wait(10), got  # the fit is left behind, still waiting
     assert [(p, o.status) for p, o in got] == [(0, "error"), (1, "error")]
     assert "did not start" in got[0][1].error
+
+
+def test_the_driver_writes_each_trials_row_once_and_rows_for_a_failed_tune_trial():
+    """runners.on_ray._Rows: Tune asks its stop condition again about a trial's last result;
+    a Tune trial that raised before reporting its trials leaves them as error rows."""
+    import json
+    from types import SimpleNamespace
+
+    from raybench.runners.on_ray import _Rows
+
+    written = []
+    runs = SimpleNamespace(parcels=None, handoff=False, trials_dir="")
+    rows = _Rows(["t0", "t1", "t2"], [[0, 1], [2]], runs,
+                 lambda trial, out: written.append((trial, out.status)))
+    result = {"raybench_trial": 0,
+              "raybench_outcome": json.dumps(TrialOutcome(status="ok").to_dict())}
+    assert rows("id", result) is False and rows("id", result) is False
+    assert rows("id", {"done": True}) is False  # a result of Tune's own
+    assert written == [("t0", "ok")]
+    rows.failed([SimpleNamespace(error=RuntimeError("tune_entry raised"), config={"group": 0}),
+                 SimpleNamespace(error=None, config={"group": 1})])
+    assert written == [("t0", "ok"), ("t1", "error")]

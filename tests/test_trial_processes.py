@@ -116,20 +116,22 @@ def test_the_backend_config_is_recorded_as_torch():
 
 
 CENSUS = ("import sys; from ray import tune; from ray.air._internal import usage; "
-          "from raybench.runners import on_ray; on_ray._skip_callback_census(); "
-          "usage.tag_callbacks([tune.Callback()]); print('mlflow' in sys.modules)")
+          "from ray.tune.stopper import FunctionStopper; "
+          "from raybench.runners.on_ray import _Rows; rows = _Rows([], [], None, None); "
+          "assert FunctionStopper.is_valid_function(rows); "
+          "config = tune.RunConfig(stop=rows); usage.tag_callbacks(config.callbacks); "
+          "usage.tag_callbacks([tune.Callback()]) if sys.argv[1:] == ['callback'] else None; "
+          "print('mlflow' in sys.modules)")
 
 
-def _mlflow_loaded_by_tunes_census(stats: str) -> str:
-    return _printed(CENSUS, env={**os.environ, "RAY_USAGE_STATS_ENABLED": stats})
-
-
-def test_the_sweep_driver_skips_tunes_callback_census_when_usage_statistics_are_off():
+def test_the_sweep_driver_takes_its_rows_from_tune_without_the_callback_census():
+    """Tune counts the callbacks it is given for Ray's usage statistics, and counting imports
+    Ray's MLflow integration, which imports MLflow wherever it is installed (1.7 s of every
+    sweep's start): raybench's rows come through Tune's `stop` callable instead, which Tune
+    takes as a function stopper and does not count."""
     pytest.importorskip("mlflow")  # the dev extra's: the census would import it
-    # off (raybench's default): nothing is recorded, so Tune's import of MLflow is skipped
-    assert _mlflow_loaded_by_tunes_census("0") == "False"
-    # on: Tune counts its callbacks as it does without raybench
-    assert _mlflow_loaded_by_tunes_census("1") == "True"
+    assert _printed(CENSUS) == "False"
+    assert _printed(CENSUS, "callback") == "True"  # what a tune.Callback would have cost
 
 
 def test_a_ranks_context_comes_from_torchruns_variables(monkeypatch):

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from raybench import artifacts, cluster, plan, store
+from raybench import artifacts, cluster, plan, ray_private, store
 from raybench.columns import Metric, declare
 from raybench.records import TrialOutcome, now
 from raybench.rundir import storage_uri
@@ -79,10 +79,10 @@ class RayRunner(Runner):
             return
         # a cluster joined may grow nodes later (an autoscaler): only an embedded Ray is sure
         # to be this one machine
-        tuner = _tuner(self.spec, trials, self.out, done, name, self.nodes,
-                       embedded=cluster.target(self.address) is None,
-                       ends_ray=last and self._started)
-        tuner.fit()
+        rows, tuner = _tuner(self.spec, trials, self.out, done, name, self.nodes,
+                             embedded=cluster.target(self.address) is None,
+                             ends_ray=last and self._started)
+        rows.failed(tuner.fit())
 
 
 def _scenarios(spec, trials: list[TrialSpec], done: Done) -> None:
@@ -100,18 +100,18 @@ def _scenarios(spec, trials: list[TrialSpec], done: Done) -> None:
 
 
 def _tuner(spec, trials: list[TrialSpec], out: Path, done: Done, name: str,
-           nodes: list[dict[str, float]], embedded: bool = False, ends_ray: bool = False) -> Any:
-    """The Tune grid: one function trial per worker group (trial.tune_entry), each trial alone
-    or (isolation: worker) the trials of one shape on one group of workers, one after
-    another; max_concurrent_trials from plan.concurrency_limit; a driver-side callback hands
-    each outcome to the sweep loop as it comes."""
+           nodes: list[dict[str, float]], embedded: bool = False,
+           ends_ray: bool = False) -> tuple[_Rows, Any]:
+    """The Tune grid, and the writer of its rows: one function trial per worker group
+    (trial.tune_entry), each trial alone or (isolation: worker) the trials of one shape on
+    one group of workers, one after another; max_concurrent_trials from
+    plan.concurrency_limit; each outcome to the sweep loop as it comes (_Rows)."""
     from ray import tune
 
     from raybench.trial import TrialRef, tune_entry
 
     # Tune's CSV/JSON/TensorBoard loggers would duplicate our table; ours is the record.
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
-    _skip_callback_census()
     # ...so Tune's end-of-run analysis finds no result.json; its warning about that is noise.
     logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
     execution = spec.execution
@@ -127,8 +127,9 @@ def _tuner(spec, trials: list[TrialSpec], out: Path, done: Done, name: str,
                          parcels=len(nodes) > 1 or not embedded,
                          # the last group's Train run ends with the Ray that stop() ends
                          last=len(groups) - 1 if ends_ray else None)
-    _start_autoscaling_coordinator()
-    return tune.Tuner(
+    ray_private.start_autoscaling_coordinator()  # beside Tune's start, not the first trial's
+    rows = _Rows(trials, groups, runs, done)
+    return rows, tune.Tuner(
         tune.with_resources(
             tune.with_parameters(tune_entry, trials=[TrialRef.of(t) for t in trials],
                                  groups=groups, runs=runs),
@@ -138,7 +139,7 @@ def _tuner(spec, trials: list[TrialSpec], out: Path, done: Done, name: str,
         tune_config=tune.TuneConfig(max_concurrent_trials=limit, reuse_actors=False),
         run_config=tune.RunConfig(
             name=name, storage_path=runs.storage, verbose=0,
-            callbacks=[_writer(trials, groups, runs, done)],
+            stop=rows,
             failure_config=tune.FailureConfig(max_failures=0),
         ),
     )
@@ -162,67 +163,56 @@ def _run_settings(spec, out: Path, strategies: dict[str, str], handoff: bool, pa
         handoff=handoff, last=last)
 
 
-def _writer(by_index: list[TrialSpec], groups: list[list[int]], runs: Any, done: Done) -> Any:
-    """Tune's driver-side callback: each outcome, with the trial's files where they came from
-    another node, to `done` (the sweep loop's row) as its trial ends; then the word to a
-    worker group waiting on that row."""
-    import ray
-    from ray import tune
+class _Rows:
+    """The sweep loop's side of the Tune grid, in the driver: each outcome, with the trial's
+    files where they came from another node, to `done` (the sweep loop's row) as its trial
+    ends, then the word to a worker group waiting on that row; after the grid, a row for
+    every trial whose Tune trial failed before reporting it.
 
-    reported: set[int] = set()
-    trials_dir = runs.trials_dir
+    Tune calls it as a stop condition (RunConfig's `stop` callable: called in the driver on
+    every result; this one never stops anything), not as a `tune.Callback`: Tune takes a
+    census of its callbacks for Ray's usage statistics, and the census imports Ray's MLflow
+    integration, which imports MLflow wherever it is installed (1.7 s at every sweep's start
+    here, before the first trial, statistics on or off)."""
 
-    class Writer(tune.Callback):
-        def on_trial_result(self, iteration, trials, trial, result, **info):
-            i = result["raybench_trial"]
-            reported.add(i)
-            outcome = TrialOutcome.from_dict(json.loads(result["raybench_outcome"]))
-            if runs.parcels is not None:  # before the row: a sink may read the trial's folder
-                name = Path(artifact_dir(trials_dir, by_index[i])).name
-                files = ray.get(runs.parcels.take.remote(name))
-                if files:
-                    log.info("wrote %d files of trial %s (%d bytes) from rank 0's node",
-                             len(files), name, artifacts.unpack(trials_dir, files))
-                    _point_at_copy(outcome, trials_dir, name, files)
-            if "fit_end" in outcome.stamps:  # Tune's report reaching the driver, with its row
-                outcome.metrics["overhead/report_s"] = time.time() - outcome.stamps["fit_end"]
-            done(by_index[i], outcome)
-            if runs.handoff:
-                runs.mailbox.put.remote(("row", i), True)
+    def __init__(self, by_index: list[TrialSpec], groups: list[list[int]], runs: Any,
+                 done: Done) -> None:
+        self.by_index, self.groups, self.runs, self.done = by_index, groups, runs, done
+        self.reported: set[int] = set()
 
-        def on_trial_error(self, iteration, trials, trial, **info):
-            for i in groups[trial.config["group"]]:
-                if i not in reported:
-                    done(by_index[i], TrialOutcome.failed(
-                        "error", f"Tune trial failed: {_read(trial.error_file)}"))
+    def __call__(self, trial_id: str, result: dict[str, Any]) -> bool:
+        import ray
 
-    return Writer()
+        i = result.get("raybench_trial")
+        if i is None or i in self.reported:  # Tune asks again about a trial's last result
+            return False
+        self.reported.add(i)
+        outcome = TrialOutcome.from_dict(json.loads(result["raybench_outcome"]))
+        runs, trials_dir = self.runs, self.runs.trials_dir
+        if runs.parcels is not None:  # before the row: a sink may read the trial's folder
+            name = Path(artifact_dir(trials_dir, self.by_index[i])).name
+            files = ray.get(runs.parcels.take.remote(name))
+            if files:
+                log.info("wrote %d files of trial %s (%d bytes) from rank 0's node",
+                         len(files), name, artifacts.unpack(trials_dir, files))
+                _point_at_copy(outcome, trials_dir, name, files)
+        if "fit_end" in outcome.stamps:  # Tune's report reaching the driver, with its row
+            outcome.metrics["overhead/report_s"] = time.time() - outcome.stamps["fit_end"]
+        self.done(self.by_index[i], outcome)
+        if runs.handoff:
+            runs.mailbox.put.remote(("row", i), True)
+        return False
 
-
-def _start_autoscaling_coordinator() -> None:
-    """The first Ray Train run of a Ray session starts Ray's autoscaling coordinator (one
-    detached actor per cluster, which Ray Train and Ray Data share) and waits for it: a new
-    process on the way to the first trial's workers (0.5 s of a core here, while the other
-    core idled). Asked for here, before Tune starts, it comes up beside Tune's start; Ray
-    Train then finds it. Ray's own function, where this Ray has it."""
-    try:
-        from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
-            get_or_create_autoscaling_coordinator,
-        )
-    except ImportError:
-        return
-    get_or_create_autoscaling_coordinator()
-
-
-def _skip_callback_census() -> None:
-    """With Ray's usage statistics off (cluster.py's default), Tune's count of the callbacks it
-    is given is recorded nowhere, and taking it imports Ray's MLflow integration, which imports
-    MLflow wherever it is installed (the dev extra installs it): 0.7 s at the start of every
-    sweep, before the first trial. Skipped then; counted as Ray does when statistics are on."""
-    from ray.air._internal import usage
-
-    if os.environ.get("RAY_USAGE_STATS_ENABLED") == "0" and hasattr(usage, "tag_callbacks"):
-        usage.tag_callbacks = lambda callbacks: False
+    def failed(self, grid: Any) -> None:
+        """Rows for the trials of every Tune trial that failed (tune_entry raised) before it
+        reported them."""
+        for result in grid:
+            if result.error is None:
+                continue
+            for i in self.groups[result.config["group"]]:
+                if i not in self.reported:
+                    self.done(self.by_index[i], TrialOutcome.failed(
+                        "error", f"Tune trial failed: {str(result.error)[-2000:]}"))
 
 
 def _point_at_copy(outcome: TrialOutcome, trials_dir: str, name: str,
@@ -233,10 +223,3 @@ def _point_at_copy(outcome: TrialOutcome, trials_dir: str, name: str,
     if kept and "://" not in kept and any(rel.startswith(f"{name}/checkpoint/")
                                           for rel, _ in files):
         outcome.metrics["train/checkpoint"] = str(Path(trials_dir) / name / "checkpoint")
-
-
-def _read(path: str | None) -> str:
-    try:
-        return Path(path).read_text()[-2000:] if path else "no error file"
-    except OSError:
-        return f"error file {path} unreadable"
