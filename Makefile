@@ -15,7 +15,15 @@ PIP_TOOLS := pip-tools==7.6.2
 SWEEP  ?= sweeps/local_cpu.yaml
 ARGS   ?=
 
-.PHONY: sweep test test-fast lint venv lock clean
+# The oldest Ray release pyproject.toml accepts, and the tests that prove it: a sweep through
+# Tune and Train with a worker group, job submission, two nodes, each use of Ray's internals.
+RAY_OLDEST  ?= 2.55.1
+OLDEST      := .venv-ray-oldest
+OLDEST_TESTS := tests/test_ray_private.py tests/integration/test_sweep_e2e.py \
+  tests/integration/test_job_submit.py \
+  "tests/integration/test_multinode.py::test_a_trial_larger_than_a_node_is_spread_and_records_both"
+
+.PHONY: sweep test test-fast test-ray-oldest lint venv lock clean
 
 venv: $(STAMP)
 
@@ -43,6 +51,20 @@ sweep: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -ra --durations=30
 
+# A second venv that holds only that Ray release (with what it needs beyond the lock, pinned
+# by the lock where the lock has it) and sees .venv's packages behind it: Ray's own
+# site-packages come first on sys.path, .venv's follow (a .pth line, as for an editable
+# install), so nothing of torch is installed twice.
+test-ray-oldest: $(STAMP)
+	test -x $(OLDEST)/bin/python || $(PYTHON) -m venv $(OLDEST)
+	$(OLDEST)/bin/python -c "import site, sys; open(site.getsitepackages()[0] + '/zz_raybench_venv.pth', 'w').write('import site; site.addsitedir(%r)\n' % sys.argv[1])" \
+	  "$$($(BIN)/python -c 'import site; print(site.getsitepackages()[0])')"
+	grep -v '^ray==' $(LOCK) > $(OLDEST)/constraints.txt
+	$(OLDEST)/bin/python -m pip install --quiet -c $(OLDEST)/constraints.txt \
+	  'ray[default,train,tune,data]==$(RAY_OLDEST)'
+	$(OLDEST)/bin/python -c "import ray; assert ray.__version__ == '$(RAY_OLDEST)', ray.__file__"
+	$(OLDEST)/bin/python -m pytest -q -ra -p no:cacheprovider $(OLDEST_TESTS)
+
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -ra -m "not ray"
 
@@ -50,4 +72,4 @@ lint: $(STAMP)
 	$(BIN)/ruff check raybench tests
 
 clean:
-	rm -rf $(VENV) .lockenv build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(OLDEST) .lockenv build *.egg-info .pytest_cache .ruff_cache
