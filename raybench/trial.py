@@ -1,14 +1,17 @@
-"""One trial on Ray Train: DDP over a Ray Train worker group, its outcome as row fields.
+"""A Ray trial's driver side: one Ray Train run per worker group, followed from Tune's trial.
 
-Owns the Ray Train V2 driver pattern (this runs inside a Tune function trial), the settings that
-keep a trial from hanging (no controller retries, a short worker-group start deadline, a
-wall-clock watchdog in every worker, kept by rank.py), and the retry of a trial whose worker
-process died. Ray Train's own `max_failures` is kept at 0: its policy retries any worker-group
-error, a Python exception or an out-of-memory included, and a benchmark must not rerun those.
-The trainer is Ray Train's data-parallel trainer with raybench's torch.distributed backend
-(process_group.py): what `TorchTrainer` runs, without torch in the Tune trial's and the
-controller's processes. This module imports no torch for that reason; what the ranks run is
-rank.py. Does not own the Tune grid (runners/on_ray.py) or the timed loop (worker.py).
+Owns the Ray Train V2 driver pattern (this runs inside a Tune function trial, `tune_entry`),
+the settings that keep a trial from hanging (no controller retries, a short worker-group
+start deadline, a run whose workers never start made a row; the wall-clock watchdog on every
+rank is rank.py's), the sweep's Mailbox through which a run's ranks hand over each trial's
+outcome, and the retry of a trial whose worker process died. Ray Train's own `max_failures`
+is kept at 0: its policy retries any worker-group error, a Python exception or an
+out-of-memory included, and a benchmark must not rerun those. The trainer is Ray Train's
+data-parallel trainer running the one rank entry (rank.run_trials, with rank_ray.RayRanks as
+its side) over raybench's torch.distributed backend (process_group.py): what `TorchTrainer`
+runs, without torch in the Tune trial's and the controller's processes, which is why this
+module imports no torch. Does not own the Tune grid (runners/on_ray.py) or the timed loop
+(worker.py).
 """
 
 from __future__ import annotations

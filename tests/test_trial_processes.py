@@ -20,9 +20,9 @@ import pytest
 
 from raybench.grid import expand
 from raybench.process_group import ProcessGroupConfig
-from raybench.spec import load_sweep
 from raybench.rank import run_trials
 from raybench.rank_ray import RayRanks
+from raybench.spec import load_sweep
 from raybench.trial import TrialRef, tune_entry
 from tests.conftest import ROOT
 

@@ -51,7 +51,7 @@ class LocalRunner(Runner):
 
 
 def run_local(trial: TrialSpec, trace_dir: str | None = None) -> TrialOutcome:
-    """One trial in this process (or spawned ranks); returns the same fields as trial.run_trial."""
+    """One trial in this process (or spawned ranks); returns the same fields as a Ray trial."""
     why = gpus_missing(trial)
     if why:
         return TrialOutcome.failed("infeasible", why)
