@@ -20,7 +20,7 @@ ARGS   ?=
 RAY_OLDEST  ?= 2.55.1
 OLDEST      := .venv-ray-oldest
 OLDEST_TESTS := tests/test_ray_private.py tests/integration/test_sweep_e2e.py \
-  tests/integration/test_job_submit.py \
+  "tests/integration/test_job_submit.py::test_job_submit_runs_the_local_sweep_with_token_authentication" \
   "tests/integration/test_multinode.py::test_a_trial_larger_than_a_node_is_spread_and_records_both"
 
 .PHONY: sweep test test-fast test-ray-oldest lint venv lock clean
