@@ -67,6 +67,40 @@ PEAK_TFLOPS: dict[str, dict[str, float]] = {
 }
 
 
+# Device memory bandwidth per GPU in GB/s (10^9 bytes/s), from NVIDIA's datasheets: the
+# figure a device copy (workloads/membw.py) is held against. The longest key found in the device
+# name wins, as for PEAK_TFLOPS (A100 names its memory: "NVIDIA A100-SXM4-80GB").
+PEAK_MEMORY_GB_S: dict[str, float] = {
+    # NVIDIA A100 Tensor Core GPU datasheet: 40GB PCIe and SXM 1,555 GB/s; 80GB PCIe 1,935 GB/s;
+    # 80GB SXM 2,039 GB/s.
+    "A100": 1555.0,
+    "A100-SXM4-80GB": 2039.0,
+    "A100 80GB PCIe": 1935.0,
+    # H100 Tensor Core GPU datasheet: SXM 3.35 TB/s, PCIe 2 TB/s, NVL 3.9 TB/s.
+    "H100 80GB HBM3": 3350.0,
+    "H100 SXM": 3350.0,
+    "H100 PCIe": 2000.0,
+    "H100 NVL": 3900.0,
+    # H200 Tensor Core GPU datasheet, H200 SXM column: 4.8 TB/s.
+    "H200": 4800.0,
+    # HGX B200 and GB200 NVL72 specifications, per GPU: 8 TB/s.
+    "B200": 8000.0,
+    "GB200": 8000.0,
+    # Tesla V100 datasheet (SXM2 and PCIe): 900 GB/s.
+    "V100": 900.0,
+    # NVIDIA T4 datasheet: 320+ GB/s; L4 datasheet: 300 GB/s; L40S datasheet: 864 GB/s.
+    "T4": 320.0,
+    "L4": 300.0,
+    "L40S": 864.0,
+}
+
+
+def peak_memory_gb_s(gpu_name: str | None) -> float | None:
+    """PEAK_MEMORY_GB_S's figure for the longest key found in the device name, else None."""
+    matches = [k for k in PEAK_MEMORY_GB_S if gpu_name and names_gpu(gpu_name, k)]
+    return PEAK_MEMORY_GB_S[max(matches, key=len)] if matches else None
+
+
 def names_gpu(device_name: str, key: str) -> bool:
     """Whether the device name holds `key` as a whole word, case aside ("NVIDIA L40S" holds
     "L40S", not "L4")."""

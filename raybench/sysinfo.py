@@ -49,6 +49,8 @@ def machine() -> dict[str, Any]:
         "nccl_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("NCCL_")},
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "numa_nodes": len(list(Path("/sys/devices/system/node").glob("node[0-9]*"))) or None,
+        # InfiniBand, RoCE and EFA adapters alike appear here: where NCCL should not use sockets
+        "rdma_devices": sorted(p.name for p in Path("/sys/class/infiniband").glob("*")),
         "gpu_topology": _command(["nvidia-smi", "topo", "-m"]),
     }
 
@@ -97,10 +99,64 @@ def _gpus() -> list[dict[str, Any]]:
                 "memory_gb": round(pynvml.nvmlDeviceGetMemoryInfo(h).total / 2**30, 2),
                 "driver": _str(driver),
                 "power_limit_w": pynvml.nvmlDeviceGetPowerManagementLimit(h) / 1000,
+                "health": gpu_health(pynvml, h),
             })
         return out
     finally:
         pynvml.nvmlShutdown()
+
+
+# NVML's clock event (throttle) reasons by bit, as nvidia-smi names them
+THROTTLE_REASONS = {1: "gpu_idle", 2: "applications_clocks_setting", 4: "sw_power_cap",
+                    8: "hw_slowdown", 16: "sync_boost", 32: "sw_thermal_slowdown",
+                    64: "hw_thermal_slowdown", 128: "hw_power_brake_slowdown",
+                    256: "display_clock_setting"}
+
+
+def gpu_health(nvml: Any, h: Any) -> dict[str, Any]:
+    """A GPU's health facts as NVML reports them, each None where the device does not support
+    the query (a consumer card has no ECC, only Ampere and later remap rows): ECC error
+    counts (uncorrected since the driver loaded, and over the device's life), retired pages
+    and whether a retirement waits for a reset, remapped rows, the SM clock against its
+    maximum with the reasons it is held down, the PCIe link against the card's maximum,
+    persistence mode, the power limit against its default. raybench.verdict judges them."""
+
+    def ask(fn: str, *args: Any) -> Any:
+        try:
+            return getattr(nvml, fn)(h, *args)
+        except Exception:  # NVMLError_NotSupported and kin: the card has no such counter
+            return None
+
+    unc = nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+    retired = [ask("nvmlDeviceGetRetiredPages", cause) for cause in (
+        nvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
+        nvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)]
+    remapped = ask("nvmlDeviceGetRemappedRows")  # (corrected, uncorrected, pending, failed)
+    reasons = ask("nvmlDeviceGetCurrentClocksThrottleReasons")
+    persistence = ask("nvmlDeviceGetPersistenceMode")
+    default_w = ask("nvmlDeviceGetPowerManagementDefaultLimit")
+    return {
+        "ecc_uncorrected_volatile": ask("nvmlDeviceGetTotalEccErrors", unc,
+                                        nvml.NVML_VOLATILE_ECC),
+        "ecc_uncorrected_aggregate": ask("nvmlDeviceGetTotalEccErrors", unc,
+                                         nvml.NVML_AGGREGATE_ECC),
+        "retired_pages": None if None in retired else sum(len(r) for r in retired),
+        "retired_pages_pending": None if (p := ask("nvmlDeviceGetRetiredPagesPendingStatus"))
+        is None else bool(p),
+        "remapped_rows_uncorrected": None if remapped is None else int(remapped[1]),
+        "remap_pending": None if remapped is None else bool(remapped[2]),
+        "remap_failed": None if remapped is None else bool(remapped[3]),
+        "sm_clock_mhz": ask("nvmlDeviceGetClockInfo", nvml.NVML_CLOCK_SM),
+        "sm_clock_max_mhz": ask("nvmlDeviceGetMaxClockInfo", nvml.NVML_CLOCK_SM),
+        "throttle_reasons": None if reasons is None else [
+            name for bit, name in THROTTLE_REASONS.items() if reasons & bit],
+        "pcie_gen": ask("nvmlDeviceGetCurrPcieLinkGeneration"),
+        "pcie_gen_max": ask("nvmlDeviceGetMaxPcieLinkGeneration"),
+        "pcie_width": ask("nvmlDeviceGetCurrPcieLinkWidth"),
+        "pcie_width_max": ask("nvmlDeviceGetMaxPcieLinkWidth"),
+        "persistence_mode": None if persistence is None else persistence == 1,
+        "power_limit_default_w": None if default_w is None else default_w / 1000,
+    }
 
 
 def _torch_gpus() -> list[dict[str, Any]]:

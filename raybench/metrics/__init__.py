@@ -79,6 +79,8 @@ declare(
     Metric("eval/accuracy_metric", "text", "the workload's accuracy column"),
     Metric("perf/headline_metric", "text", "the workload's headline rate column, which the "
            "report ranks by (empty: train/samples_per_s)"),
+    Metric("perf/datasheet_metric", "text", "a hardware probe's column holding the datasheet "
+           "figure for its headline rate (empty: none)"),
     Metric("perf/size_axis", "text", "the workload's size axis, a config column the report "
            "draws throughput and memory against"),
     Metric("mem/peak_allocated_mb", "MB", "device memory peak allocated by tensors, any rank"),
@@ -206,6 +208,7 @@ def summarize(records: Records) -> dict[str, Any]:
         cls = workloads.get(first.workload)
         out["eval/accuracy_metric"] = cls.accuracy_metric
         out["perf/headline_metric"] = cls.headline_metric
+        out["perf/datasheet_metric"] = cls.datasheet_metric
         out["perf/size_axis"] = cls.size_axis
         out.update(cls.row_metrics(records, out))
     return out

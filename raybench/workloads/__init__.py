@@ -84,6 +84,10 @@ class Workload(ABC):
     # The rate the report ranks this workload's training rows by, a row column it declares in
     # `columns` (tiles of different sizes are not the same sample: pixels/s); None: samples/s.
     headline_metric: ClassVar[str | None] = None
+    # A hardware probe's datasheet figure for its headline, a row column it declares (the
+    # matmul probe's dense peak at the trial's precision): `python -m raybench.validate` holds
+    # the headline against it. None: no datasheet figure.
+    datasheet_metric: ClassVar[str | None] = None
     # Its own size axis, a config column the report draws throughput and memory against, a
     # line per batch (the tile of a tiled model); None: no such figures.
     size_axis: ClassVar[str | None] = None

@@ -1,0 +1,267 @@
+"""Is every GPU healthy and as fast as it should be: a verdict per GPU and per node.
+
+Owns the rules of `python -m raybench.validate` (to come: issue 43) and their margins, over
+two inputs the sweep already writes: the probe rows (one trial per GPU of a workload with a
+headline rate, and the datasheet figure beside it where the workload declares one: matmul,
+membw, transfer; the all-reduce across nodes for the network NCCL chose) and each node's facts
+(system_info.json's `nodes`: NVML health per GPU, versions, RDMA devices). Pure: no Ray, no
+torch, no files but the margins YAML. Each verdict is `pass`,
+`warn` or `fail` with its reasons, worst first.
+
+Rules, per GPU: a probe below a share of its datasheet figure (flops.PEAK_TFLOPS,
+PEAK_MEMORY_GB_S); a probe more than a margin below the median of the same GPU model and probe
+in this run (the slow GPU that a DDP step time hides: every rank waits for it); a thermal or
+hardware slowdown during a probe, or an SM clock under load well below the card's maximum;
+health facts out of bounds (uncorrected ECC errors, pages waiting for retirement, a failed row
+remap, a PCIe link narrower or slower than the card's, persistence mode off, a power limit
+below its default). Per node: fewer GPUs than expected, a driver, CUDA or NCCL version unlike
+the other nodes', NCCL over sockets between nodes where the node has RDMA devices.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+LEVELS = ("pass", "warn", "fail")
+
+
+class Margins(BaseModel):
+    """What is far enough out to say so. Defaults with their reasons; a YAML file may set any."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    of_datasheet_warn_pct: float = Field(
+        60.0, gt=0, le=100, description="a probe below this share of its datasheet figure "
+        "warns: a healthy GPU's large GEMM and device copy reach well above it, so a figure "
+        "under it is a setting (clocks, power cap, precision) or a fault to look at")
+    of_datasheet_fail_pct: float = Field(
+        40.0, gt=0, le=100, description="below this share it fails: no setting explains it")
+    peer_warn_pct: float = Field(
+        8.0, gt=0, lt=100, description="a probe this far below the median of the same GPU "
+        "model in this run warns: same-model GPUs of one node run a probe within a few per "
+        "cent of each other, and in DDP every rank waits for the slowest")
+    peer_fail_pct: float = Field(
+        20.0, gt=0, lt=100, description="this far below its peers it fails")
+    clock_of_max_warn_pct: float = Field(
+        75.0, gt=0, le=100, description="an SM clock under a probe's load below this share of "
+        "the card's maximum warns (a power or thermal limit holding it down)")
+
+
+class MarginsError(ValueError):
+    """A margins file that cannot be used: the message names the file, the key and the fix."""
+
+
+def load_margins(path: str | Path | None) -> Margins:
+    if path is None:
+        return Margins()
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise MarginsError(f"{path}: cannot read the margins file ({e}); give a YAML mapping "
+                           f"of margin: value") from e
+    if not isinstance(data, dict):
+        raise MarginsError(f"{path}: a margins file is a YAML mapping of margin: value")
+    try:
+        return Margins(**{k: float(v) if isinstance(v, int) else v for k, v in data.items()})
+    except ValidationError as e:
+        err = e.errors()[0]
+        key = ".".join(str(x) for x in err["loc"]) or "(file)"
+        raise MarginsError(f"{path}: {key}: {err['msg']}; the margins are "
+                           f"{', '.join(Margins.model_fields)}") from e
+
+
+@dataclass
+class Verdict:
+    subject: str  # "node 10.0.0.2" or "10.0.0.2 GPU 3"
+    level: str = "pass"
+    reasons: list[str] = field(default_factory=list)
+    figures: dict[str, Any] = field(default_factory=dict)
+
+    def add(self, level: str, reason: str) -> None:
+        self.reasons.append(f"{level}: {reason}")
+        if LEVELS.index(level) > LEVELS.index(self.level):
+            self.level = level
+
+    @property
+    def rank(self) -> int:
+        return LEVELS.index(self.level)
+
+
+# what a row says its workload measures (Workload.headline_metric, datasheet_metric): the
+# verdict names no workload's column itself
+HEADLINE, DATASHEET = "perf/headline_metric", "perf/datasheet_metric"
+
+
+def judge(nodes: dict[str, dict[str, Any]], rows: pd.DataFrame, margins: Margins,
+          expect_gpus: int | None = None) -> tuple[list[Verdict], list[Verdict]]:
+    """(a verdict per GPU, a verdict per node), each list worst first."""
+    gpus: dict[tuple[str, int], Verdict] = {}
+    for ip, facts in nodes.items():
+        for g in facts.get("gpus") or []:
+            v = gpus[ip, int(g["index"])] = Verdict(f"{ip} GPU {g['index']}",
+                                                    figures={"model": g.get("name")})
+            _health(v, g.get("health") or {}, g.get("power_limit_w"))
+    _probes(gpus, nodes, _one_gpu_rows(rows), margins)
+    node_verdicts = _nodes(nodes, rows, expect_gpus)
+    order = lambda vs: sorted(vs, key=lambda v: (-v.rank, v.subject))  # noqa: E731
+    return order(gpus.values()), order(node_verdicts)
+
+
+def _health(v: Verdict, h: dict[str, Any], limit: float | None) -> None:
+    if h.get("ecc_uncorrected_volatile"):
+        v.add("fail", f"{h['ecc_uncorrected_volatile']} uncorrected ECC errors since the "
+              "driver loaded")
+    elif h.get("ecc_uncorrected_aggregate"):
+        v.add("warn", f"{h['ecc_uncorrected_aggregate']} uncorrected ECC errors over the "
+              "device's life")
+    if h.get("retired_pages_pending"):
+        v.add("fail", "a page retirement waits for a GPU reset")
+    if h.get("remap_failed"):
+        v.add("fail", "a row remap failed: the memory has no spare rows left")
+    elif h.get("remap_pending"):
+        v.add("warn", "a row remap waits for a GPU reset")
+    width, width_max = h.get("pcie_width"), h.get("pcie_width_max")
+    if width and width_max and width < width_max:
+        v.add("fail", f"PCIe link x{width}, the card's is x{width_max} (a degraded link)")
+    gen, gen_max = h.get("pcie_gen"), h.get("pcie_gen_max")
+    if gen and gen_max and gen < gen_max:
+        v.add("warn", f"PCIe link at gen {gen}, the card's is gen {gen_max} (read at rest, "
+              "when a link may step down to save power; the transfer probe shows the rate)")
+    if h.get("persistence_mode") is False:
+        v.add("warn", "persistence mode off: the driver unloads between jobs and each start "
+              "pays its initialisation")
+    default = h.get("power_limit_default_w")
+    if limit and default and limit < default:
+        v.add("warn", f"power limit {limit:g} W, below the card's default {default:g} W")
+
+
+def _one_gpu_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """The probe rows of one GPU each, with the GPU they ran on: (node, GPU index)."""
+    if rows.empty or HEADLINE not in rows:
+        return rows.iloc[0:0]
+    rows = rows[rows[HEADLINE].notna() & (rows["status"] == "ok")].copy()
+    one = rows["cluster/rank_gpus"].astype(str).str.fullmatch(r"\d+")
+    rows = rows[one & ~rows["cluster/rank_nodes"].astype(str).str.contains(",")]
+    rows["gpu_key"] = list(zip(rows["cluster/rank_nodes"].astype(str),
+                               rows["cluster/rank_gpus"].astype(int), strict=True))
+    return rows
+
+
+def _setting(row: pd.Series) -> tuple:
+    """What makes two probe rows comparable: the probe and its settings, the GPU model."""
+    keys = sorted(k for k in row.index if k.startswith("workload.") and k not in (
+        "workload.seed",) or k == "hardware.precision")
+    return (row.get("device"), *[(k, str(row[k])) for k in keys])
+
+
+def _probes(gpus: dict[tuple[str, int], Verdict], nodes: dict[str, dict[str, Any]],
+            rows: pd.DataFrame, m: Margins) -> None:
+    if rows.empty:
+        return
+    groups = rows.groupby(rows.apply(_setting, axis=1), sort=False)
+    for _, group in groups:
+        probe = group["workload.name"].iloc[0]
+        col = what = group[HEADLINE].iloc[0]
+        sheet_col = group[DATASHEET].iloc[0] if DATASHEET in group else None
+        sheet_col = None if pd.isna(sheet_col) else sheet_col
+        peers = statistics.median(group[col])
+        for _, row in group.iterrows():
+            v = gpus.setdefault(row["gpu_key"], Verdict(
+                f"{row['gpu_key'][0]} GPU {row['gpu_key'][1]}"))
+            value = float(row[col])
+            v.figures[f"{col} {_label(row)}"] = value
+            sheet = row.get(sheet_col) if sheet_col else None
+            if sheet and not pd.isna(sheet):
+                share = 100.0 * value / float(sheet)
+                if share < m.of_datasheet_fail_pct:
+                    v.add("fail", f"{what} {value:.4g}: {share:.0f}% of the datasheet's "
+                          f"{float(sheet):g}")
+                elif share < m.of_datasheet_warn_pct:
+                    v.add("warn", f"{what} {value:.4g}: {share:.0f}% of the datasheet's "
+                          f"{float(sheet):g}")
+            below = 100.0 * (1 - value / peers) if len(group) > 1 and peers else 0.0
+            if below > m.peer_fail_pct:
+                v.add("fail", f"{what} {value:.4g}: {below:.0f}% below the median of "
+                      f"{len(group)} like GPUs ({peers:.4g})")
+            elif below > m.peer_warn_pct:
+                v.add("warn", f"{what} {value:.4g}: {below:.0f}% below the median of "
+                      f"{len(group)} like GPUs ({peers:.4g})")
+            # the clock: under the probes that load the device's own units (those with a
+            # datasheet figure), not under host-device copies, which leave the SMs idle
+            _under_load(v, row, nodes, m, probe, judge_clock=sheet_col is not None)
+
+
+def _label(row: pd.Series) -> str:
+    return " ".join(f"{k.split('.', 1)[1]}={row[k]}" for k in sorted(row.index)
+                    if k in ("hardware.precision", "workload.direction", "workload.pinned")
+                    and not pd.isna(row[k]))
+
+
+def _under_load(v: Verdict, row: pd.Series, nodes: dict[str, dict[str, Any]], m: Margins,
+                probe: str, judge_clock: bool) -> None:
+    if row.get("gpu/throttled") is True:
+        v.add("fail", f"a thermal or hardware slowdown under the {probe} probe "
+              f"({row.get('gpu/throttle_reasons')})")
+    clock = row.get("gpu/sm_clock_mean_mhz")
+    ip, index = row["gpu_key"]
+    facts = next((g for g in (nodes.get(ip) or {}).get("gpus") or []
+                  if int(g["index"]) == index), {})
+    top = (facts.get("health") or {}).get("sm_clock_max_mhz")
+    if judge_clock and clock and top and 100.0 * clock / top < m.clock_of_max_warn_pct:
+        v.add("warn", f"SM clock {clock:.0f} MHz under the {probe} probe, "
+              f"{100 * clock / top:.0f}% of the card's {top:g} MHz")
+
+
+def _nodes(nodes: dict[str, dict[str, Any]], rows: pd.DataFrame,
+           expect_gpus: int | None) -> list[Verdict]:
+    out = []
+    versions = {ip: _versions(f) for ip, f in nodes.items() if "error" not in f}
+    usual = {k: _most_common([v[k] for v in versions.values()]) for k in
+             ("driver", "cuda", "nccl")}
+    for ip, facts in nodes.items():
+        v = Verdict(f"node {ip}")
+        out.append(v)
+        if "error" in facts:
+            v.add("fail", f"its facts could not be read: {facts['error']}")
+            continue
+        n = len(facts.get("gpus") or [])
+        v.figures.update(gpus=n, **versions[ip])
+        if expect_gpus is not None and n != expect_gpus:
+            v.add("fail", f"{n} GPUs, {expect_gpus} expected")
+        for key, level in (("driver", "fail"), ("cuda", "warn"), ("nccl", "warn")):
+            mine = versions[ip][key]
+            if len(nodes) > 1 and mine != usual[key]:
+                v.add(level, f"{key} {mine}, unlike the other nodes' {usual[key]}")
+        rdma = facts.get("rdma_devices") or []
+        nets = _nets_of(rows, ip)
+        if rdma and any(n.lower().startswith("socket") for n in nets):
+            v.add("fail", f"NCCL ran over sockets between nodes though this node has RDMA "
+                  f"devices ({', '.join(rdma)}): check NCCL_IB_* / the EFA plugin")
+    return out
+
+
+def _versions(facts: dict[str, Any]) -> dict[str, Any]:
+    gpus = facts.get("gpus") or []
+    return {"driver": gpus[0].get("driver") if gpus else None,
+            "cuda": (facts.get("cuda") or {}).get("torch_cuda"),
+            "nccl": (facts.get("cuda") or {}).get("nccl")}
+
+
+def _most_common(values: list[Any]) -> Any:
+    return max(set(values), key=values.count) if values else None
+
+
+def _nets_of(rows: pd.DataFrame, ip: str) -> list[str]:
+    """The networks NCCL chose in the rows whose ranks spanned this node and another."""
+    if rows.empty or "cluster/nccl_net" not in rows:
+        return []
+    spans = rows["cluster/rank_nodes"].astype(str).str.split(",")
+    multi = spans.apply(lambda nodes: ip in nodes and len(set(nodes)) > 1)
+    return [str(n) for n in rows.loc[multi, "cluster/nccl_net"].dropna()]

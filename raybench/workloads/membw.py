@@ -1,0 +1,88 @@
+"""Memory probe: a device copy, the bandwidth of the device's own memory (GB/s), against the
+datasheet where flops.PEAK_MEMORY_GB_S knows the device.
+
+Owns the step (`batch_size` copies of one buffer into another on the rank's device, each
+reading and writing `size_mb` MiB) and STREAM's rule for its bytes: a copy moves what it reads
+plus what it writes, 2 x size. The buffers are far larger than any cache on a GPU (the default
+1 GiB; an H100's L2 is 50 MB) so the rate is the memory's; on CPU the same copy measures the
+host's memory (keep `size_mb` well above the last-level cache there too).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from pydantic import Field
+
+from raybench.columns import Metric
+from raybench.flops import peak_memory_gb_s
+from raybench.records import RankRecord
+from raybench.workloads import Workload, WorkloadParams, register
+
+
+class MembwParams(WorkloadParams):
+    batch_size: int = Field(8, ge=1, description="copies per step")
+    size_mb: float = Field(1024.0, gt=0, description="MiB each copy reads (and writes)")
+
+
+@register
+class Membw(Workload):
+    name = "membw"
+    Params = MembwParams
+    params: MembwParams
+    headline_metric = "probe/copy_gb_s"
+    datasheet_metric = "probe/memory_datasheet_gb_s"
+
+    def setup(self) -> None:
+        n = max(1, int(self.params.size_mb * 2**20 // 4))
+        # written once so that every page is backed before the timing (a first touch would be
+        # the OS's work, not the memory's)
+        self.src = torch.ones(n, dtype=torch.float32, device=self.ctx.device)
+        self.dst = torch.zeros_like(self.src)
+        self._model = torch.nn.Identity()
+
+    def batches(self) -> Iterator[Any]:
+        while True:
+            yield None
+
+    def to_device(self, batch: Any) -> Any:
+        return batch
+
+    def step(self, batch: Any) -> torch.Tensor | None:
+        for _ in range(self.params.batch_size):
+            self.dst.copy_(self.src)
+        return None
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self._model
+
+    @property
+    def trains(self) -> bool:
+        return False
+
+    def flops_per_sample(self) -> None:
+        return None  # a copy does no arithmetic: no MFU
+
+    def describe(self) -> dict[str, Any]:
+        return {"copy_bytes": self.src.numel() * 4}
+
+    columns = (
+        Metric("probe/copy_gb_s", "GB/s", "device copy bandwidth per rank: bytes read plus "
+               "bytes written over the median step time (STREAM's copy)"),
+        Metric("probe/memory_datasheet_gb_s", "GB/s", "the device's memory bandwidth on its "
+               "datasheet (flops.PEAK_MEMORY_GB_S), where known"),
+        Metric("probe/copy_of_datasheet_pct", "%", "copy bandwidth over the datasheet's"),
+    )
+
+    @classmethod
+    def row_metrics(cls, records: list[RankRecord], row: dict[str, Any]) -> dict[str, Any]:
+        moved = 2 * records[0].describe["copy_bytes"] * records[0].samples_per_step
+        step_s = float(np.median(np.concatenate([np.asarray(r.compute_s) for r in records])))
+        rate = moved / step_s / 1e9
+        sheet = peak_memory_gb_s(records[0].device_name)
+        return {"probe/copy_gb_s": rate, "probe/memory_datasheet_gb_s": sheet,
+                "probe/copy_of_datasheet_pct": 100.0 * rate / sheet if sheet else None}

@@ -1,0 +1,119 @@
+"""The hardware probes (workloads/matmul.py, membw.py, transfer.py) on CPU, each against an
+independent figure measured beside it, and their datasheet lookups."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from raybench import flops
+from raybench.grid import expand
+from raybench.runners.local import run_local
+from raybench.spec import SpecError, load_sweep
+
+PROBE = """
+name: probe
+system: {label: test-cpu}
+workload: {name: %(name)s, batch_size: %(batch)d, %(extra)s}
+hardware: {num_gpus: 0, cpus_per_worker: %(cpus)d, precision: %(precision)s}
+measure: {warmup_steps: 3, measure_steps: 20}
+"""
+
+
+def _probe(write_sweep, name: str, extra: str, batch: int = 4, cpus: int = 1,
+           precision: str = "fp32") -> dict:
+    (trial,) = expand(load_sweep(write_sweep(PROBE % {
+        "name": name, "extra": extra, "batch": batch, "cpus": cpus, "precision": precision})))
+    out = run_local(trial)
+    assert out.status == "ok", out.error
+    return out.metrics
+
+
+def _mm_gflops(n: int, threads: int) -> float:
+    """torch.utils.benchmark's own timing of the same product (its median over blocks)."""
+    from torch.utils import benchmark
+
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    c = torch.empty(n, n)
+    timer = benchmark.Timer("torch.mm(a, b, out=c)", globals={"a": a, "b": b, "c": c,
+                                                             "torch": torch},
+                            num_threads=threads)
+    return 2.0 * n ** 3 / timer.blocked_autorange(min_run_time=1.0).median / 1e9
+
+
+def test_the_cpu_matmul_probe_agrees_with_torch_utils_benchmark(write_sweep):
+    """Within 10% of torch.utils.benchmark on the same shapes and threads, measured before and
+    after the probe (their mean: a drift of this VM's speed moves both sides alike)."""
+    n = 512
+    before = _mm_gflops(n, 2)
+    m = _probe(write_sweep, "matmul", f"size: {n}", cpus=2)
+    after = _mm_gflops(n, 2)
+    probe = m["probe/matmul_tflops"] * 1e3
+    print({"probe_gflops": probe, "benchmark_gflops": (before, after)})
+    assert probe == pytest.approx((before + after) / 2, rel=0.10)
+    assert m["probe/matmul_n"] == n and m["perf/gflops_per_sample"] == pytest.approx(
+        2 * n ** 3 / 1e9)
+    assert m["probe/matmul_datasheet_tflops"] is None  # no datasheet for a CPU
+
+
+def _numpy_copy_gb_s(mb: float) -> float:
+    """A plain numpy copy of the same bytes, one thread: read + write over the median time."""
+    src = np.ones(int(mb * 2**20 // 4), dtype=np.float32)
+    dst = np.zeros_like(src)
+    times = []
+    for _ in range(15):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        times.append(time.perf_counter() - t0)
+    return 2 * src.nbytes / statistics.median(times[3:]) / 1e9
+
+
+def test_the_cpu_memory_probe_agrees_with_a_numpy_copy(write_sweep):
+    """One thread on each side (torch's copy would spread a large copy over the threads it
+    has); 128 MiB, beyond any last-level cache of a CI machine. Within 20%: two memcpy
+    implementations of one process's memory, on a VM whose speed drifts."""
+    mb = 128
+    before = _numpy_copy_gb_s(mb)
+    m = _probe(write_sweep, "membw", f"size_mb: {mb}", batch=2, cpus=1)
+    after = _numpy_copy_gb_s(mb)
+    print({"probe_gb_s": m["probe/copy_gb_s"], "numpy_gb_s": (before, after)})
+    assert m["probe/copy_gb_s"] == pytest.approx((before + after) / 2, rel=0.20)
+    assert m["probe/memory_datasheet_gb_s"] is None and m["probe/copy_of_datasheet_pct"] is None
+
+
+def test_probes_a_cpu_cannot_run_are_refused_at_expansion(write_sweep):
+    with pytest.raises(SpecError, match="need a GPU"):
+        expand(load_sweep(write_sweep(PROBE % {"name": "transfer", "extra": "size_mb: 8",
+                                               "batch": 1, "cpus": 1, "precision": "fp32"})))
+    with pytest.raises(SpecError, match="GPU probe"):
+        expand(load_sweep(write_sweep(PROBE % {"name": "matmul", "extra": "size: 64",
+                                               "batch": 1, "cpus": 1, "precision": "bf16"})))
+
+
+@pytest.mark.parametrize(("device", "expected"), [
+    ("NVIDIA H100 80GB HBM3", 3350.0), ("NVIDIA H100 PCIe", 2000.0), ("NVIDIA H200", 4800.0),
+    ("NVIDIA A100-SXM4-80GB", 2039.0), ("NVIDIA A100-SXM4-40GB", 1555.0),
+    ("NVIDIA A100 80GB PCIe", 1935.0), ("NVIDIA GB200", 8000.0), ("NVIDIA L40S", 864.0),
+    ("NVIDIA L4", 300.0), ("Tesla V100-SXM2-16GB", 900.0), ("cpu", None), (None, None)])
+def test_memory_datasheet_lookup(device, expected):
+    assert flops.peak_memory_gb_s(device) == expected
+
+
+def test_the_matmul_probes_datasheet_share():
+    from raybench.workloads.matmul import Matmul
+    from tests.test_metrics import record
+
+    rec = {**record(0, 0.01, n=5, bs=4), "workload": "matmul",
+           "describe": {"matmul_n": 8192}, "device_name": "NVIDIA H100 80GB HBM3",
+           "precision": "bf16"}
+    from raybench.records import RankRecord
+
+    m = Matmul.row_metrics([RankRecord.of(rec)], {})
+    rate = 2 * 8192 ** 3 * 4 / 0.01 / 1e12  # four products a 10 ms step
+    assert m["probe/matmul_tflops"] == pytest.approx(rate)
+    assert m["probe/matmul_datasheet_tflops"] == 989.5
+    assert m["probe/matmul_of_datasheet_pct"] == pytest.approx(100 * rate / 989.5)
