@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from typing import Any
 
 import ray
 
 from raybench import ray_private
+from raybench.runners import Unreachable
 
 log = logging.getLogger(__name__)
 
@@ -73,12 +75,34 @@ def ray_is_up() -> bool:
     return ray.is_initialized()
 
 
+REACH_TIMEOUT_S = 5.0  # a head on another continent answers a TCP connect well within it
+
+
+def check_reachable(addr: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
+    """Raise Unreachable unless something accepts a connection at `addr` (HOST:PORT, Ray's GCS
+    port). `ray.init` on an address where nothing listens retried for minutes (over 2 min
+    here, Ray 2.60) before it gave up. Forms Ray resolves itself (`auto`, `ray://`) pass."""
+    host, _, port = addr.rpartition(":")
+    if "://" in addr or not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise Unreachable(
+            f"no Ray cluster answers at {addr} ({e.strerror or e}). Fix: start one there "
+            "(`ray start --head`), or give the head's address as --address HOST:PORT (its GCS "
+            "port, 6379 by default) or RAY_ADDRESS; without either, raybench starts its own "
+            "Ray on this machine") from e
+
+
 def connect(address: str | None) -> bool:
-    """Join or start Ray; returns True when this process started it (and must shut it down)."""
+    """Join or start Ray; returns True when this process started it (and must shut it down).
+    An address where nothing answers raises Unreachable within seconds."""
     addr = target(address)
     if ray.is_initialized():
         return False
     if addr:
+        check_reachable(addr)
         log.info("joining Ray cluster at %s", addr)
         ray.init(address=addr, **_console())
         _say_where_ray_logs()

@@ -35,7 +35,7 @@ from raybench.rundir import (
     write_run_files,
     writing,
 )
-from raybench.runners import Runner
+from raybench.runners import Runner, Unreachable
 from raybench.search import search_all
 from raybench.spec import SpecError, SweepSpec, load_sections
 from raybench.trials import TrialSpec, derive
@@ -116,6 +116,10 @@ def _run(args: argparse.Namespace, t0: float, started: bool) -> int:
             runner = runners.make(args.runner, spec, out, args.address, started)
             summary = run_sweep(spec, trials, out, runner, history, args.jsonl, t0)
     except (SpecError, store.UnreadableTable) as e:  # found before anything was written
+        print(f"raybench: {e}", file=sys.stderr)
+        _remove_if_unused(out, args.resume)
+        return cli.EXIT_INVALID
+    except Unreachable as e:
         print(f"raybench: {e}", file=sys.stderr)
         _remove_if_unused(out, args.resume)
         return cli.EXIT_INVALID

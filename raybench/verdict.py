@@ -165,6 +165,7 @@ def _probes(gpus: dict[tuple[str, int], Verdict], nodes: dict[str, dict[str, Any
             rows: pd.DataFrame, m: Margins) -> None:
     if rows.empty:
         return
+    varied = {name: _varied(probe) for name, probe in rows.groupby("workload.name")}
     groups = rows.groupby(rows.apply(_setting, axis=1), sort=False)
     for _, group in groups:
         probe = group["workload.name"].iloc[0]
@@ -176,7 +177,7 @@ def _probes(gpus: dict[tuple[str, int], Verdict], nodes: dict[str, dict[str, Any
             v = gpus.setdefault(row["gpu_key"], Verdict(
                 f"{row['gpu_key'][0]} GPU {row['gpu_key'][1]}"))
             value = float(row[col])
-            v.figures[f"{col} {_label(row)}"] = value
+            v.figures[f"{col} {_label(row, varied[probe])}".strip()] = value
             sheet = row.get(sheet_col) if sheet_col else None
             if sheet and not pd.isna(sheet):
                 share = 100.0 * value / float(sheet)
@@ -198,10 +199,16 @@ def _probes(gpus: dict[tuple[str, int], Verdict], nodes: dict[str, dict[str, Any
             _under_load(v, row, nodes, m, probe, judge_clock=sheet_col is not None)
 
 
-def _label(row: pd.Series) -> str:
-    return " ".join(f"{k.split('.', 1)[1]}={row[k]}" for k in sorted(row.index)
-                    if k in ("hardware.precision", "workload.direction", "workload.pinned")
-                    and not pd.isna(row[k]))
+def _label(row: pd.Series, varied: list[str]) -> str:
+    """The settings that tell this probe row from the probe's others (precision, direction)."""
+    return " ".join(f"{k.split('.', 1)[1]}={row[k]}" for k in varied if not pd.isna(row[k]))
+
+
+def _varied(rows: pd.DataFrame) -> list[str]:
+    """The setting columns whose values differ between rows of one probe."""
+    cols = [k for k in rows.columns if (k.startswith("workload.") and k not in (
+        "workload.seed", "workload.name")) or k == "hardware.precision"]
+    return sorted(k for k in cols if rows[k].astype(str).nunique() > 1)
 
 
 def _under_load(v: Verdict, row: pd.Series, nodes: dict[str, dict[str, Any]], m: Margins,

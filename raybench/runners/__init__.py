@@ -29,6 +29,11 @@ RUNNERS = {"ray": "raybench.runners.on_ray:RayRunner",
            "torchrun": "raybench.runners.torchrun:TorchrunRunner"}
 
 
+class Unreachable(ConnectionError):
+    """The cluster a runner was pointed at does not answer: an input error (exit 2) with its
+    fix, raised within seconds rather than after the minutes a client library may retry."""
+
+
 class Runner(ABC):
     """Executes trials for one sweep run; a context manager around its start and stop."""
 

@@ -156,6 +156,24 @@ def test_gpus_asked_of_a_cluster_without_gpus(tmp_path):
     assert not (tmp_path / "results" / "run").exists()  # not even an empty run directory
 
 
+def test_an_address_where_no_ray_answers_is_named_within_seconds(tmp_path):
+    """`ray.init` on such an address retried for over two minutes; raybench asks first."""
+    import socket
+    import time
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.monotonic()
+    proc = run_cli(tmp_path, SWEEP, "--runner", "ray", "--address", f"127.0.0.1:{port}",
+                   "--output", str(tmp_path / "results" / "run"))
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    err = proc.stderr.strip().splitlines()[-1]
+    assert f"no Ray cluster answers at 127.0.0.1:{port}" in err and "Fix:" in err, err
+    assert not (tmp_path / "results" / "run").exists()
+    assert time.monotonic() - t0 < 30
+
+
 @pytest.fixture(scope="module")
 def scenes(tmp_path_factory):
     """Two small synthetic scenes in the real layout."""
