@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from raybench import columns, interrupts, store, workloads
+from raybench import columns, interrupts, peaks, store, workloads
 from raybench.records import Status, TrialOutcome, now, present, uniform_cells
 from raybench.report.assess import validity
 from raybench.spec import SweepSpec
@@ -81,6 +81,7 @@ class RowWriter:
         self.spec, self.run_id, self.table, self.history = spec, run_id, table, history
         # system/* columns added to every row (fingerprint.py), once the run's facts are known
         self.system: dict[str, Any] = {}
+        self.measured_peaks: dict[str, float] = {}  # peaks.latest: this system's validation
         self.jsonl = jsonl  # print each trial's row as a JSON line on stdout as it is written
         # each is given a trial's row and trial file once both are on disk (tracking.Tracker)
         self.sinks = list(sinks or [])
@@ -203,6 +204,7 @@ class RowWriter:
 
     def _append(self, row: dict[str, Any]) -> None:
         row.update(self.system)
+        row.update(peaks.mfu_measured(row, self.measured_peaks))
         if row.get("workload.name"):  # its module declares its own columns (on import)
             workloads.get(row["workload.name"])
         columns.check(list(row), f"{self.table.dir} row {row.get('trial_key')}")

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from raybench import cli, fingerprint, interrupts, runners, store, workloads
+from raybench import cli, fingerprint, interrupts, peaks, runners, store, workloads
 from raybench.data.stage import PreprocessSpec
 from raybench.grid import stage_variants
 from raybench.history import History
@@ -215,6 +215,7 @@ def run_sweep(spec: SweepSpec, trials: list[TrialSpec], out: Path, runner: Runne
             if not writer.resumed:  # a resumed run keeps the system facts its first rows came from
                 write_run_files(out, spec, *runner.system())
             writer.system = fingerprint.of(run_facts(out))
+            writer.measured_peaks = peaks.latest(history, writer.system.get("system/fingerprint"))
             if tracker:
                 tracker.start()
             outputs = [_stage(variant, out, writer) for variant in stage_variants(spec)]

@@ -108,7 +108,12 @@ def judge(nodes: dict[str, dict[str, Any]], rows: pd.DataFrame, margins: Margins
             v = gpus[ip, int(g["index"])] = Verdict(f"{ip} GPU {g['index']}",
                                                     figures={"model": g.get("name")})
             _health(v, g.get("health") or {}, g.get("power_limit_w"))
-    _probes(gpus, nodes, _one_gpu_rows(rows), margins)
+    probed = _one_gpu_rows(rows)
+    _probes(gpus, nodes, probed, margins)
+    if not probed.empty:
+        for v in gpus.values():
+            if v.figures.keys() <= {"model"}:  # its trials did not run side by side
+                v.add("warn", "no probe ran on this GPU")
     node_verdicts = _nodes(nodes, rows, expect_gpus)
     order = lambda vs: sorted(vs, key=lambda v: (-v.rank, v.subject))  # noqa: E731
     return order(gpus.values()), order(node_verdicts)

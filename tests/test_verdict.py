@@ -227,3 +227,35 @@ def test_nvml_health_facts_are_read_and_judged():
     assert gpu.level == "fail"
     assert [r.split(":")[0] for r in gpu.reasons] == ["fail", "fail", "warn", "warn", "warn"]
     assert any("power limit 500 W, below the card's default 700 W" in r for r in gpu.reasons)
+
+
+def test_a_gpu_no_probe_ran_on_is_said():
+    rows = probe_rows(["10.0.0.1"], 3)  # the node has four
+    gpus = by_subject(judge({"10.0.0.1": node()}, rows, Margins())[0])
+    assert gpus["10.0.0.1 GPU 3"].level == "warn"
+    assert gpus["10.0.0.1 GPU 3"].reasons == ["warn: no probe ran on this GPU"]
+
+
+def test_measured_peaks_come_from_the_newest_validation_and_give_mfu():
+    """raybench.peaks: per precision the median GPU of the newest validation run; a later
+    row's MFU against it, none for the probe's own rows or a precision never measured."""
+    from raybench import peaks
+
+    rows = pd.DataFrame([
+        {"run_id": "old", "recorded_at": "2026-10-01", "status": "ok",
+         "hardware.precision": "bf16", "perf/achieved_tflops_per_gpu": 500.0},
+        *[{"run_id": "new", "recorded_at": "2026-11-01", "status": "ok",
+           "hardware.precision": "bf16", "perf/achieved_tflops_per_gpu": t}
+          for t in (700.0, 720.0, 650.0)],
+        {"run_id": "new", "recorded_at": "2026-11-01", "status": "ok",
+         "hardware.precision": "fp32", "perf/achieved_tflops_per_gpu": 50.0},
+        {"run_id": "new", "recorded_at": "2026-11-01", "status": "error",
+         "hardware.precision": "fp32", "perf/achieved_tflops_per_gpu": 1.0}])
+    measured = peaks.peaks(rows)
+    assert measured == {"bf16": 700.0, "fp32": 50.0}
+    row = {"hardware.precision": "bf16", "perf/achieved_tflops_per_gpu": 350.0}
+    assert peaks.mfu_measured(row, measured) == {"perf/measured_peak_tflops": 700.0,
+                                                 "perf/mfu_measured_pct": 50.0}
+    assert peaks.mfu_measured({**row, "hardware.precision": "tf32"}, measured) == {}
+    assert peaks.mfu_measured({**row, "perf/peak_probe": True}, measured) == {}
+    assert peaks.latest(None, "abc") == {}

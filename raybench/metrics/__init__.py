@@ -209,6 +209,8 @@ def summarize(records: Records) -> dict[str, Any]:
         out["eval/accuracy_metric"] = cls.accuracy_metric
         out["perf/headline_metric"] = cls.headline_metric
         out["perf/datasheet_metric"] = cls.datasheet_metric
+        if cls.measures_peak:
+            out["perf/peak_probe"] = True
         out["perf/size_axis"] = cls.size_axis
         out.update(cls.row_metrics(records, out))
     return out

@@ -88,6 +88,9 @@ class Workload(ABC):
     # matmul probe's dense peak at the trial's precision): `python -m raybench.validate` holds
     # the headline against it. None: no datasheet figure.
     datasheet_metric: ClassVar[str | None] = None
+    # Its rows measure the machine's compute peak (the matmul probe): raybench.peaks states
+    # later rows' MFU against the latest such measurement of the same system.
+    measures_peak: ClassVar[bool] = False
     # Its own size axis, a config column the report draws throughput and memory against, a
     # line per batch (the tile of a tiled model); None: no such figures.
     size_axis: ClassVar[str | None] = None

@@ -40,6 +40,7 @@ class Matmul(Workload):
     params: MatmulParams
     headline_metric = "probe/matmul_tflops"
     datasheet_metric = "probe/matmul_datasheet_tflops"
+    measures_peak = True
 
     def setup(self) -> None:
         n = self.params.size
