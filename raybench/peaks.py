@@ -50,6 +50,8 @@ def latest(history: Any, fingerprint: str | None) -> dict[str, float]:
 
 def peaks(rows: Any) -> dict[str, float]:
     """{precision: median TFLOP/s over the GPUs} of the newest run among `rows` (pure)."""
+    if rows.empty or not {ACHIEVED, PRECISION, RUN, "status"} <= set(rows.columns):
+        return {}
     rows = rows[(rows["status"] == "ok") & rows[ACHIEVED].notna()]
     if rows.empty:
         return {}

@@ -30,6 +30,7 @@ from raybench.runners import Unreachable
 from raybench.verdict import Margins, MarginsError, Verdict, judge, load_margins
 
 SUITE = "v1"
+RESULTS = "results"  # the suite's sweeps set no output.root: the default one
 SUITES = Path(__file__).parent / "suites" / SUITE
 EXIT_FAILED = 1
 
@@ -68,18 +69,21 @@ def _validate(args: argparse.Namespace, margins: Margins) -> int:
               "a cluster whose nodes Ray sees GPUs on, or leave --expect-gpus out to validate "
               "its CPUs", file=sys.stderr)
         return cli.EXIT_INVALID
-    out = Path(args.output or Path("results") / "validate" /
-               datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ"))
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    out = Path(args.output or Path(RESULTS) / "validate" / stamp)
     runs = {}
     for path, sets in suite(gpus, nodes):
-        runs[path.stem] = _run(path, sets, out / path.stem, args.address)
+        # --output DIR: the runs in DIR, their history DIR's; else each where a sweep of its
+        # own would be, in the results root whose history later sweeps read (peaks.py)
+        run = out / path.stem if args.output else Path(RESULTS) / f"validate_{path.stem}" / stamp
+        runs[path.stem] = _run(path, sets, run, args.address)
     rows = _rows(runs)
     facts = _facts(runs)
     gpu_v, node_v = judge(facts, rows, margins, args.expect_gpus)
     summary = _summary(gpu_v, node_v, out, time.monotonic() - t0, margins)
     out.mkdir(parents=True, exist_ok=True)
     (out / "validation.json").write_text(json.dumps(
-        {**summary, "gpus": [_dict(v) for v in gpu_v], "nodes": [_dict(v) for v in node_v]},
+        {**summary, "devices": [_dict(v) for v in gpu_v], "nodes": [_dict(v) for v in node_v]},
         indent=1, default=str))
     (out / "validation.html").write_text(page(gpu_v, node_v, summary))
     print(json.dumps({"raybench_validate": summary}, default=str), flush=True)
@@ -137,7 +141,7 @@ def _summary(gpus: list[Verdict], nodes: list[Verdict], out: Path, elapsed: floa
     worst = max(levels, key=("pass", "warn", "fail").index) if levels else "pass"
     count = lambda vs, lv: sum(v.level == lv for v in vs)  # noqa: E731
     return {"suite": SUITE, "verdict": worst, "output": str(out),
-            "gpus": {lv: count(gpus, lv) for lv in ("pass", "warn", "fail")},
+            "devices": {lv: count(gpus, lv) for lv in ("pass", "warn", "fail")},
             "nodes": {lv: count(nodes, lv) for lv in ("pass", "warn", "fail")},
             "elapsed_s": round(elapsed, 1), "margins": margins.model_dump(),
             "page": str(out / "validation.html")}
@@ -169,14 +173,15 @@ def page(gpus: list[Verdict], nodes: list[Verdict], summary: dict[str, Any]) -> 
         return (f"<h2>{e(title)}</h2><table><thead><tr>{head}</tr></thead>"
                 f"<tbody>{body}</tbody></table>")
 
-    counts = ", ".join(f"{n} {lv}" for lv, n in summary["gpus"].items() if n)
+    counts = ", ".join(f"{n} {lv}" for lv, n in summary["devices"].items() if n)
     return ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>raybench validate</title>"
             f"<style>{STYLE}</style></head><body>"
             f"<h1>raybench validate: <span class='badge {badge[summary['verdict']]}'>"
             f"{e(summary['verdict'])}</span></h1>"
-            f"<div class='meta'>suite {e(summary['suite'])}; GPUs: {e(counts or 'none')}; "
+            f"<div class='meta'>suite {e(summary['suite'])}; devices: {e(counts or 'none')}; "
             f"{summary['elapsed_s']} s; margins {e(json.dumps(summary['margins']))}</div>"
-            + table("GPUs", gpus) + table("Nodes", nodes) + "</body></html>")
+            + table("Devices: each GPU (a node's CPU where it has none), worst first", gpus)
+            + table("Nodes", nodes) + "</body></html>")
 
 
 def _fmt(value: Any) -> str:

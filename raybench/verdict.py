@@ -102,10 +102,10 @@ HEADLINE, DATASHEET = "perf/headline_metric", "perf/datasheet_metric"
 def judge(nodes: dict[str, dict[str, Any]], rows: pd.DataFrame, margins: Margins,
           expect_gpus: int | None = None) -> tuple[list[Verdict], list[Verdict]]:
     """(a verdict per GPU, a verdict per node), each list worst first."""
-    gpus: dict[tuple[str, int], Verdict] = {}
+    gpus: dict[tuple[str, int | None], Verdict] = {}
     for ip, facts in nodes.items():
         for g in facts.get("gpus") or []:
-            v = gpus[ip, int(g["index"])] = Verdict(f"{ip} GPU {g['index']}",
+            v = gpus[ip, int(g["index"])] = Verdict(_subject((ip, int(g["index"]))),
                                                     figures={"model": g.get("name")})
             _health(v, g.get("health") or {}, g.get("power_limit_w"))
     probed = _one_gpu_rows(rows)
@@ -152,11 +152,18 @@ def _one_gpu_rows(rows: pd.DataFrame) -> pd.DataFrame:
     if rows.empty or HEADLINE not in rows:
         return rows.iloc[0:0]
     rows = rows[rows[HEADLINE].notna() & (rows["status"] == "ok")].copy()
-    one = rows["cluster/rank_gpus"].astype(str).str.fullmatch(r"\d+")
+    gpu = rows["cluster/rank_gpus"].astype(str)
+    one = gpu.str.fullmatch(r"\d+") | (gpu == "-")  # one GPU, or a CPU rank (no GPU: "-")
     rows = rows[one & ~rows["cluster/rank_nodes"].astype(str).str.contains(",")]
-    rows["gpu_key"] = list(zip(rows["cluster/rank_nodes"].astype(str),
-                               rows["cluster/rank_gpus"].astype(int), strict=True))
+    rows["gpu_key"] = [(str(ip), int(g) if g != "-" else None) for ip, g in
+                       zip(rows["cluster/rank_nodes"], rows["cluster/rank_gpus"].astype(str),
+                           strict=True)]
     return rows
+
+
+def _subject(key: tuple[str, int | None]) -> str:
+    ip, index = key
+    return f"{ip} CPU" if index is None else f"{ip} GPU {index}"
 
 
 def _setting(row: pd.Series) -> tuple:
@@ -166,7 +173,7 @@ def _setting(row: pd.Series) -> tuple:
     return (row.get("device"), *[(k, str(row[k])) for k in keys])
 
 
-def _probes(gpus: dict[tuple[str, int], Verdict], nodes: dict[str, dict[str, Any]],
+def _probes(gpus: dict[tuple[str, int | None], Verdict], nodes: dict[str, dict[str, Any]],
             rows: pd.DataFrame, m: Margins) -> None:
     if rows.empty:
         return
@@ -179,8 +186,7 @@ def _probes(gpus: dict[tuple[str, int], Verdict], nodes: dict[str, dict[str, Any
         sheet_col = None if pd.isna(sheet_col) else sheet_col
         peers = statistics.median(group[col])
         for _, row in group.iterrows():
-            v = gpus.setdefault(row["gpu_key"], Verdict(
-                f"{row['gpu_key'][0]} GPU {row['gpu_key'][1]}"))
+            v = gpus.setdefault(row["gpu_key"], Verdict(_subject(row["gpu_key"])))
             value = float(row[col])
             v.figures[f"{col} {_label(row, varied[probe])}".strip()] = value
             sheet = row.get(sheet_col) if sheet_col else None

@@ -20,7 +20,7 @@ name: probe
 system: {label: test-cpu}
 workload: {name: %(name)s, batch_size: %(batch)d, %(extra)s}
 hardware: {num_gpus: 0, cpus_per_worker: %(cpus)d, precision: %(precision)s}
-measure: {warmup_steps: 3, measure_steps: 20}
+measure: {warmup_steps: 5, measure_steps: 40}
 """
 
 
@@ -45,16 +45,34 @@ def _mm_gflops(n: int, threads: int) -> float:
     return 2.0 * n ** 3 / timer.blocked_autorange(min_run_time=1.0).median / 1e9
 
 
+def _rounds(independent, probe, rounds: int = 5) -> list[float]:
+    """The probe's figure over the independent one, round by round, alternating which runs
+    first: this VM's speed drifts by 10% between consecutive seconds, and a drift then moves
+    both sides of a round alike."""
+    ratios = []
+    for n in range(rounds):
+        if n % 2:
+            p, i = probe(), independent()
+        else:
+            i, p = independent(), probe()
+        ratios.append(p / i)
+    print({"ratios": ratios})
+    return ratios
+
+
 def test_the_cpu_matmul_probe_agrees_with_torch_utils_benchmark(write_sweep):
-    """Within 10% of torch.utils.benchmark on the same shapes and threads, measured before and
-    after the probe (their mean: a drift of this VM's speed moves both sides alike)."""
+    """The median of five rounds' ratios within 10% of torch.utils.benchmark on the same
+    shapes and threads (single rounds here: 0.86-1.13 with the machine's drift)."""
     n = 512
-    before = _mm_gflops(n, 2)
-    m = _probe(write_sweep, "matmul", f"size: {n}", cpus=2)
-    after = _mm_gflops(n, 2)
-    probe = m["probe/matmul_tflops"] * 1e3
-    print({"probe_gflops": probe, "benchmark_gflops": (before, after)})
-    assert probe == pytest.approx((before + after) / 2, rel=0.10)
+    metrics = []
+
+    def probe() -> float:
+        metrics.append(_probe(write_sweep, "matmul", f"size: {n}", cpus=2))
+        return metrics[-1]["probe/matmul_tflops"] * 1e3
+
+    ratios = _rounds(lambda: _mm_gflops(n, 2), probe)
+    assert statistics.median(ratios) == pytest.approx(1.0, abs=0.10), ratios
+    m = metrics[-1]
     assert m["probe/matmul_n"] == n and m["perf/gflops_per_sample"] == pytest.approx(
         2 * n ** 3 / 1e9)
     assert m["probe/matmul_datasheet_tflops"] is None  # no datasheet for a CPU
@@ -74,14 +92,19 @@ def _numpy_copy_gb_s(mb: float) -> float:
 
 def test_the_cpu_memory_probe_agrees_with_a_numpy_copy(write_sweep):
     """One thread on each side (torch's copy would spread a large copy over the threads it
-    has); 128 MiB, beyond any last-level cache of a CI machine. Within 20%: two memcpy
-    implementations of one process's memory, on a VM whose speed drifts."""
+    has); 128 MiB, beyond any last-level cache of a CI machine. The median of five rounds'
+    ratios within 20%: torch's copy kernel against glibc's memcpy, which numpy calls, measured
+    10-14% apart here (three runs of this test: 0.86-0.90)."""
     mb = 128
-    before = _numpy_copy_gb_s(mb)
-    m = _probe(write_sweep, "membw", f"size_mb: {mb}", batch=2, cpus=1)
-    after = _numpy_copy_gb_s(mb)
-    print({"probe_gb_s": m["probe/copy_gb_s"], "numpy_gb_s": (before, after)})
-    assert m["probe/copy_gb_s"] == pytest.approx((before + after) / 2, rel=0.20)
+    metrics = []
+
+    def probe() -> float:
+        metrics.append(_probe(write_sweep, "membw", f"size_mb: {mb}", batch=2, cpus=1))
+        return metrics[-1]["probe/copy_gb_s"]
+
+    ratios = _rounds(lambda: _numpy_copy_gb_s(mb), probe)
+    assert statistics.median(ratios) == pytest.approx(1.0, abs=0.20), ratios
+    m = metrics[-1]
     assert m["probe/memory_datasheet_gb_s"] is None and m["probe/copy_of_datasheet_pct"] is None
 
 

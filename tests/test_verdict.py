@@ -259,3 +259,19 @@ def test_measured_peaks_come_from_the_newest_validation_and_give_mfu():
     assert peaks.mfu_measured({**row, "hardware.precision": "tf32"}, measured) == {}
     assert peaks.mfu_measured({**row, "perf/peak_probe": True}, measured) == {}
     assert peaks.latest(None, "abc") == {}
+    assert peaks.peaks(pd.DataFrame()) == {}  # an empty history has no columns
+
+
+def test_the_validation_page_escapes_text_and_lists_the_worst_first():
+    from raybench.validate import page
+    from raybench.verdict import Verdict
+
+    bad = Verdict("10.0.0.1 GPU 0", figures={"probe/matmul_tflops": 300.0})
+    bad.add("fail", "reason with <script>alert(1)</script>")
+    good = Verdict("10.0.0.1 GPU 1", figures={"probe/matmul_tflops": 700.0})
+    summary = {"suite": "v1", "verdict": "fail", "devices": {"pass": 1, "warn": 0, "fail": 1},
+               "elapsed_s": 1.0, "margins": Margins().model_dump()}
+    html = page([bad, good], [Verdict("node <b>x</b>")], summary)
+    assert "<script>alert" not in html and "&lt;script&gt;alert(1)" in html
+    assert "node &lt;b&gt;x&lt;/b&gt;" in html
+    assert html.index("GPU 0") < html.index("GPU 1") and "1 pass, 1 fail" in html

@@ -1,0 +1,110 @@
+"""`python -m raybench.validate` end to end on a local Ray cluster of two logical nodes (CPU):
+the suite runs a probe trial on each node at once and the all-reduce, the verdict names both
+nodes, the rows land in the history, and a later sweep on the same system states its MFU
+against the matmul peak measured there. Bad input is exit 2 with its fix, before any trial."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tests.conftest import ROOT
+from tests.integration.ray_nodes import LocalCluster
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
+
+NODES = ["127.0.0.2", "127.0.0.3"]
+# two logical nodes share this machine's two cores, and their probes run at once: a margin for
+# that, not for real nodes (defaults: verdict.Margins)
+SHARED_CORES = "peer_warn_pct: 30\npeer_fail_pct: 70\n"
+
+
+@pytest.fixture(scope="module")
+def two_nodes():
+    cluster = LocalCluster(head_ip=NODES[0])
+    token = '--resources={"raybench_node": 1}'
+    try:
+        cluster.start_head("--num-cpus=2", token)
+        cluster.add_node(NODES[1], "--num-cpus=2", token)
+        cluster.wait_for_nodes(2)
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def validate(cluster, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "raybench.validate", *args], cwd=ROOT,
+                          env=cluster.env, capture_output=True, text=True, timeout=500)
+
+
+@pytest.fixture(scope="module")
+def validated(two_nodes, tmp_path_factory):
+    out = tmp_path_factory.mktemp("validate") / "run"
+    margins = out.parent / "margins.yaml"
+    margins.write_text(SHARED_CORES)
+    proc = validate(two_nodes, "--address", two_nodes.address, "--output", str(out),
+                    "--margins", str(margins))
+    return out, proc
+
+
+def test_validate_runs_the_suite_on_every_node_and_gives_a_verdict(validated):
+    out, proc = validated
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])["raybench_validate"]
+    assert summary["suite"] == "v1" and summary["verdict"] in ("pass", "warn")
+    assert sum(summary["nodes"].values()) == 2 and summary["nodes"]["fail"] == 0
+    report = json.loads((out / "validation.json").read_text())
+    subjects = {v["subject"] for v in report["devices"]}
+    assert subjects == {f"{ip} CPU" for ip in NODES}  # a probe row from each node
+    for v in report["devices"]:
+        assert v["figures"]["probe/matmul_tflops"] > 0 and v["figures"]["probe/copy_gb_s"] > 0
+    page = (out / "validation.html").read_text()
+    assert all(ip in page for ip in NODES) and "raybench validate" in page
+    allreduce = pd.read_parquet(out / "allreduce" / "results.parquet")
+    assert (allreduce["status"] == "ok").all() and allreduce["comm/busbw_gb_s"].gt(0).all()
+    print(summary)
+
+
+def test_a_later_sweep_on_the_system_states_mfu_against_the_measured_peak(two_nodes,
+                                                                         validated):
+    out, proc = validated
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    later = out / "later"  # the same results root: validate's history (--output's)
+    run = subprocess.run(
+        [sys.executable, "-m", "raybench.sweep", "sweeps/local_cpu.yaml", "--address",
+         two_nodes.address, "--output", str(later), "--set", "grid={batch_size: [8]}",
+         "--set", "measure.measure_steps=4", "--set", "measure.warmup_steps=1",
+         "--set", "measure.repeats=1"],
+        cwd=ROOT, env=two_nodes.env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    (row,) = pd.read_parquet(later / "results.parquet").to_dict("records")
+    peak = pd.read_parquet(out / "matmul" / "results.parquet")
+    assert row["system/fingerprint"] == peak["system/fingerprint"].iloc[0]
+    assert row["perf/measured_peak_tflops"] == pytest.approx(
+        peak["perf/achieved_tflops_per_gpu"].median())
+    assert row["perf/mfu_measured_pct"] == pytest.approx(
+        100 * row["perf/achieved_tflops_per_gpu"] / row["perf/measured_peak_tflops"])
+
+
+def test_bad_input_is_exit_2_with_its_fix(two_nodes, tmp_path):
+    proc = validate(two_nodes, "--address", two_nodes.address, "--expect-gpus", "8",
+                    "--output", str(tmp_path / "gpus"))
+    assert proc.returncode == 2 and "has no GPUs" in proc.stderr and "Fix:" in proc.stderr
+    margins = tmp_path / "m.yaml"
+    margins.write_text("peer_margin: 5\n")
+    proc = validate(two_nodes, "--margins", str(margins), "--output", str(tmp_path / "m"))
+    assert proc.returncode == 2 and "peer_margin" in proc.stderr and "peer_warn_pct" in \
+        proc.stderr
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = validate(two_nodes, "--address", f"127.0.0.1:{port}")
+    assert proc.returncode == 2 and f"no Ray cluster answers at 127.0.0.1:{port}" in \
+        proc.stderr
+    assert not any(Path(tmp_path).glob("*/*/results.parquet"))
