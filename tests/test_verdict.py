@@ -275,3 +275,22 @@ def test_the_validation_page_escapes_text_and_lists_the_worst_first():
     assert "<script>alert" not in html and "&lt;script&gt;alert(1)" in html
     assert "node &lt;b&gt;x&lt;/b&gt;" in html
     assert html.index("GPU 0") < html.index("GPU 1") and "1 pass, 1 fail" in html
+
+
+def test_the_row_writer_states_mfu_against_the_measured_peak(tmp_path, write_sweep):
+    """results.RowWriter adds perf/mfu_measured_pct to a row once the sweep found this
+    system's measured peak (sweep.run_sweep sets writer.measured_peaks from peaks.latest)."""
+    from raybench.grid import expand
+    from raybench.records import TrialOutcome
+    from raybench.results import ResultsTable, RowWriter
+    from raybench.spec import load_sweep
+
+    spec = load_sweep(write_sweep())
+    (trial,) = expand(spec)[:1]
+    writer = RowWriter(spec, "run", ResultsTable(tmp_path / "run"), None)
+    writer.measured_peaks = {"fp32": 0.2}
+    writer.write(trial, TrialOutcome(status="ok", metrics={
+        "perf/achieved_tflops_per_gpu": 0.05, "train/samples_per_s": 10.0}))
+    row = pd.read_parquet(tmp_path / "run" / "results.parquet").iloc[0]
+    assert row["perf/measured_peak_tflops"] == 0.2
+    assert row["perf/mfu_measured_pct"] == pytest.approx(25.0)
