@@ -97,22 +97,8 @@ def test_pack_runs_one_gpu_trials_side_by_side_on_different_gpus(two_nodes, tmp_
     assert all(g[1] != "-" for g in gpus)
 
 
-def test_per_node_keeps_each_trial_alone_on_its_node(two_nodes, tmp_path):
-    sweep = SWEEP.replace("concurrency: pack", "concurrency: per_node")
-    path = tmp_path / "per_node.yaml"
-    path.write_text(sweep % {"grid": "{batch_size: [4, 8]}", "steps": 40})
-    cmd = [sys.executable, "-m", "raybench.sweep", str(path), "--address", two_nodes.address,
-           "--output", str(tmp_path / "run")]
-    proc = subprocess.run(cmd, cwd=ROOT, env=two_nodes.env, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "concurrency per_node: 2 of 2 nodes" in proc.stderr
-    df = pd.read_parquet(tmp_path / "run" / "results.parquet")
-    assert (df["cluster/placement_strategy"] == "STRICT_PACK").all()
-    start = [pd.Timestamp(x) for x in df["start_time"]]
-    end = [pd.Timestamp(x) for x in df["end_time"]]
-    assert max(start) < min(end), "the two trials did not overlap in time"
-    assert sorted(df["cluster/rank_nodes"]) == ["127.0.0.2", "127.0.0.3"]
+# `concurrency: per_node` (each trial alone on its node, side by side): checked by the validate
+# suite's per-node trials on two nodes (tests/integration/test_validate.py), which run it anyway
 
 
 # 256 samples, 32 batches for the two replicas: with 64 (8 batches) and a busy process on each

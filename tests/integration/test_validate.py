@@ -66,6 +66,14 @@ def test_validate_runs_the_suite_on_every_node_and_gives_a_verdict(validated):
         assert v["figures"]["probe/matmul_tflops"] > 0 and v["figures"]["probe/copy_gb_s"] > 0
     page = (out / "validation.html").read_text()
     assert all(ip in page for ip in NODES) and "raybench validate" in page
+    # the per-node probes: `concurrency: per_node`, each trial alone on its node, side by side
+    assert "concurrency per_node: 2 of 2 nodes" in proc.stderr
+    matmul = pd.read_parquet(out / "matmul" / "results.parquet")
+    assert (matmul["cluster/placement_strategy"] == "STRICT_PACK").all()
+    start = [pd.Timestamp(x) for x in matmul["start_time"]]
+    end = [pd.Timestamp(x) for x in matmul["end_time"]]
+    assert max(start) < min(end), "the two trials did not overlap in time"
+    assert sorted(matmul["cluster/rank_nodes"]) == NODES
     allreduce = pd.read_parquet(out / "allreduce" / "results.parquet")
     assert (allreduce["status"] == "ok").all() and allreduce["comm/busbw_gb_s"].gt(0).all()
     print(summary)
