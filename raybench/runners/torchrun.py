@@ -2,11 +2,12 @@
 
 `--runner torchrun` runs a trial as a user of hand-written torchrun scripts would: `python -m
 torch.distributed.run --standalone --nproc-per-node N` starts the ranks, each builds its
-context from the variables torchrun sets (`WorkerContext.from_env`) and runs the same timed
-loop (`worker.run_worker`); rank 0 writes every rank's records for this process, which turns
-them into the trial's outcome. No Ray. A rank that fails writes its failure first, so the
-row says why (out of memory, an error) rather than only that the launcher exited. Inference
-trials run their replicas in this process, as the local runner does.
+context from the variables torchrun sets (`WorkerContext.from_env`) and runs the same rank
+entry as every runner's ranks (`rank.run_trials`, through `launched.run_rank`); rank 0 writes
+every rank's records for this process, which turns them into the trial's outcome. No Ray. A
+rank that fails writes its failure first, so the row says why (out of memory, an error) rather
+than only that the launcher exited. Inference trials run their replicas in this process, as
+the local runner does.
 
 This file is the runner entire: the driver side (`TorchrunRunner`) and, run as `python -m
 raybench.runners.torchrun`, the rank side.

@@ -212,6 +212,40 @@ class Workload(ABC):
         return False
 
 
+class Probe(Workload):
+    """A hardware probe (matmul, membw, transfer, allreduce): its step is the operation
+    measured, on buffers `setup` made; no model, no data, no training, no FLOP count unless it
+    says one. Its rows report the median step (`median_step_s`): a limit is what the hardware
+    sustains step after step, where the mean would count a slow step's time too."""
+
+    def batches(self) -> Iterator[Any]:
+        while True:
+            yield None
+
+    def to_device(self, batch: Any) -> Any:
+        return batch
+
+    @property
+    def model(self) -> torch.nn.Module:
+        import torch
+
+        if not hasattr(self, "_identity"):
+            self._identity = torch.nn.Identity()  # no parameters: size and params read 0
+        return self._identity
+
+    @property
+    def trains(self) -> bool:
+        return False
+
+    def flops_per_sample(self) -> float | None:
+        return None
+
+    @staticmethod
+    def median_step_s(records: list[RankRecord]) -> float:
+        """The median measured step over every rank's steps."""
+        return float(np.median(np.concatenate([np.asarray(r.compute_s) for r in records])))
+
+
 class EpochWorkload(Workload):
     """A run of `params.epochs` passes over a dataset with `end_epoch` after each (evaluation);
     its `Params` subclass `EpochParams`.

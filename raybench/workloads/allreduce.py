@@ -10,17 +10,15 @@ workload parameter, so a sweep's grid gives the size curve.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from pydantic import Field
 
 from raybench.columns import Metric
 from raybench.records import RankRecord
-from raybench.workloads import Workload, WorkloadParams, register
+from raybench.workloads import Probe, WorkloadParams, register
 
 
 class AllreduceParams(WorkloadParams):
@@ -29,7 +27,7 @@ class AllreduceParams(WorkloadParams):
 
 
 @register
-class Allreduce(Workload):
+class Allreduce(Probe):
     name = "allreduce"
     Params = AllreduceParams
     params: AllreduceParams
@@ -40,28 +38,12 @@ class Allreduce(Workload):
         # rescaling between them (a div_ after each one was timed with it: bus bandwidth low).
         # Neither NCCL nor gloo looks at the values, so the traffic is the same.
         self.buffer = torch.zeros(n, dtype=torch.float32, device=self.ctx.device)
-        self._model = torch.nn.Identity()
-
-    def batches(self) -> Iterator[Any]:
-        while True:
-            yield self.buffer
-
-    def to_device(self, batch: Any) -> Any:
-        return batch
 
     def step(self, batch: Any) -> torch.Tensor | None:
         if self.ctx.distributed:
             for _ in range(self.params.batch_size):
-                dist.all_reduce(batch)
+                dist.all_reduce(self.buffer)
         return None
-
-    @property
-    def model(self) -> torch.nn.Module:
-        return self._model
-
-    @property
-    def trains(self) -> bool:
-        return False
 
     def describe(self) -> dict[str, Any]:
         return {"message_bytes": self.buffer.numel() * 4}
@@ -80,7 +62,7 @@ class Allreduce(Workload):
         message_bytes = records[0].describe["message_bytes"]
         n = len(records)
         ops = records[0].samples_per_step
-        step_s = float(np.median(np.concatenate([np.asarray(r.compute_s) for r in records])))
+        step_s = cls.median_step_s(records)
         algbw = message_bytes / (step_s / ops) / 1e9
         return {"comm/message_mb": message_bytes / 2**20,
                 "comm/time_per_op_us": step_s / ops * 1e6,

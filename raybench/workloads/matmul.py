@@ -12,7 +12,6 @@ same on every rank; the product is never read, and the timed step synchronises t
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -20,7 +19,7 @@ from pydantic import Field
 
 from raybench.columns import Metric
 from raybench.records import RankRecord
-from raybench.workloads import Workload, WorkloadParams, register
+from raybench.workloads import Probe, WorkloadParams, register
 
 # the operands' type per hardware.precision (fp32 and tf32 differ in the math mode only)
 DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16,
@@ -34,7 +33,7 @@ class MatmulParams(WorkloadParams):
 
 
 @register
-class Matmul(Workload):
+class Matmul(Probe):
     name = "matmul"
     Params = MatmulParams
     params: MatmulParams
@@ -49,27 +48,11 @@ class Matmul(Workload):
         self.a = torch.randn(n, n, generator=gen).to(self.ctx.device, dtype)
         self.b = torch.randn(n, n, generator=gen).to(self.ctx.device, dtype)
         self.c = torch.empty(n, n, dtype=dtype, device=self.ctx.device)
-        self._model = torch.nn.Identity()
-
-    def batches(self) -> Iterator[Any]:
-        while True:
-            yield None
-
-    def to_device(self, batch: Any) -> Any:
-        return batch
 
     def step(self, batch: Any) -> torch.Tensor | None:
         for _ in range(self.params.batch_size):
             torch.mm(self.a, self.b, out=self.c)
         return None
-
-    @property
-    def model(self) -> torch.nn.Module:
-        return self._model
-
-    @property
-    def trains(self) -> bool:
-        return False
 
     def flops_per_sample(self) -> float:
         return 2.0 * self.params.size ** 3  # a sample is one product
@@ -96,15 +79,12 @@ class Matmul(Workload):
 
     @classmethod
     def row_metrics(cls, records: list[RankRecord], row: dict[str, Any]) -> dict[str, Any]:
-        """Per rank, over the median step (the mean rate, perf/achieved_tflops, counts a slow
-        step's time too; a limit is what the unit sustains step after step)."""
-        import numpy as np
-
+        """Per rank, over the median step (the mean rate is perf/achieved_tflops)."""
         from raybench.flops import peak_tflops
 
         first = records[0]
         n = first.describe["matmul_n"]
-        step_s = float(np.median(np.concatenate([np.asarray(r.compute_s) for r in records])))
+        step_s = cls.median_step_s(records)
         rate = 2.0 * n ** 3 * first.samples_per_step / step_s / 1e12
         sheet = peak_tflops(first.device_name, first.precision)
         return {"probe/matmul_tflops": rate, "probe/matmul_n": n,

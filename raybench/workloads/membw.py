@@ -10,17 +10,15 @@ host's memory (keep `size_mb` well above the last-level cache there too).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
 import torch
 from pydantic import Field
 
 from raybench.columns import Metric
 from raybench.flops import peak_memory_gb_s
 from raybench.records import RankRecord
-from raybench.workloads import Workload, WorkloadParams, register
+from raybench.workloads import Probe, WorkloadParams, register
 
 
 class MembwParams(WorkloadParams):
@@ -29,7 +27,7 @@ class MembwParams(WorkloadParams):
 
 
 @register
-class Membw(Workload):
+class Membw(Probe):
     name = "membw"
     Params = MembwParams
     params: MembwParams
@@ -42,30 +40,11 @@ class Membw(Workload):
         # the OS's work, not the memory's)
         self.src = torch.ones(n, dtype=torch.float32, device=self.ctx.device)
         self.dst = torch.zeros_like(self.src)
-        self._model = torch.nn.Identity()
-
-    def batches(self) -> Iterator[Any]:
-        while True:
-            yield None
-
-    def to_device(self, batch: Any) -> Any:
-        return batch
 
     def step(self, batch: Any) -> torch.Tensor | None:
         for _ in range(self.params.batch_size):
             self.dst.copy_(self.src)
         return None
-
-    @property
-    def model(self) -> torch.nn.Module:
-        return self._model
-
-    @property
-    def trains(self) -> bool:
-        return False
-
-    def flops_per_sample(self) -> None:
-        return None  # a copy does no arithmetic: no MFU
 
     def describe(self) -> dict[str, Any]:
         return {"copy_bytes": self.src.numel() * 4}
@@ -81,7 +60,7 @@ class Membw(Workload):
     @classmethod
     def row_metrics(cls, records: list[RankRecord], row: dict[str, Any]) -> dict[str, Any]:
         moved = 2 * records[0].describe["copy_bytes"] * records[0].samples_per_step
-        step_s = float(np.median(np.concatenate([np.asarray(r.compute_s) for r in records])))
+        step_s = cls.median_step_s(records)
         rate = moved / step_s / 1e9
         sheet = peak_memory_gb_s(records[0].device_name)
         return {"probe/copy_gb_s": rate, "probe/memory_datasheet_gb_s": sheet,

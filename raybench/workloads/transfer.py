@@ -10,16 +10,14 @@ against the link NVML reports). Needs a GPU: on CPU there is no device memory to
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any, Literal
 
-import numpy as np
 import torch
 from pydantic import Field
 
 from raybench.columns import Metric
 from raybench.records import RankRecord
-from raybench.workloads import Workload, WorkloadParams, register
+from raybench.workloads import Probe, WorkloadParams, register
 
 
 class TransferParams(WorkloadParams):
@@ -30,7 +28,7 @@ class TransferParams(WorkloadParams):
 
 
 @register
-class Transfer(Workload):
+class Transfer(Probe):
     name = "transfer"
     Params = TransferParams
     params: TransferParams
@@ -41,31 +39,12 @@ class Transfer(Workload):
         host = torch.ones(n, dtype=torch.float32, pin_memory=self.params.pinned)
         device = torch.zeros(n, dtype=torch.float32, device=self.ctx.device)
         self.src, self.dst = (host, device) if self.params.direction == "h2d" else (device, host)
-        self._model = torch.nn.Identity()
-
-    def batches(self) -> Iterator[Any]:
-        while True:
-            yield None
-
-    def to_device(self, batch: Any) -> Any:
-        return batch
 
     def step(self, batch: Any) -> torch.Tensor | None:
         for _ in range(self.params.batch_size):
             # asynchronous from pinned memory, as a DataLoader's copy is; the step's timer
             # synchronises the device before it stops
             self.dst.copy_(self.src, non_blocking=self.params.pinned)
-        return None
-
-    @property
-    def model(self) -> torch.nn.Module:
-        return self._model
-
-    @property
-    def trains(self) -> bool:
-        return False
-
-    def flops_per_sample(self) -> None:
         return None
 
     def describe(self) -> dict[str, Any]:
@@ -85,5 +64,5 @@ class Transfer(Workload):
     @classmethod
     def row_metrics(cls, records: list[RankRecord], row: dict[str, Any]) -> dict[str, Any]:
         moved = records[0].describe["transfer_bytes"] * records[0].samples_per_step
-        step_s = float(np.median(np.concatenate([np.asarray(r.compute_s) for r in records])))
+        step_s = cls.median_step_s(records)
         return {"probe/transfer_gb_s": moved / step_s / 1e9}
