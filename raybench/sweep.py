@@ -27,7 +27,6 @@ from raybench.records import TrialOutcome
 from raybench.results import ResultsTable, RowWriter, finished, now
 from raybench.rundir import (
     LOCK,
-    code_version,
     history_root,
     publish,
     run_facts,
@@ -38,6 +37,7 @@ from raybench.rundir import (
 from raybench.runners import Runner, Unreachable
 from raybench.search import search_all
 from raybench.spec import SpecError, SweepSpec, load_sections
+from raybench.sysinfo import code_version
 from raybench.trials import TrialSpec, derive
 
 log = logging.getLogger("raybench.sweep")

@@ -8,6 +8,7 @@ the cluster's resources. Missing sources (no GPU, no NVML) give empty fields, ne
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import platform
@@ -45,7 +46,9 @@ def machine() -> dict[str, Any]:
         "cuda": {"torch_cuda": torch.version.cuda, "available": torch.cuda.is_available(),
                  "cudnn": torch.backends.cudnn.version() if torch.cuda.is_available() else None,
                  "nccl": _nccl_version()},
-        "versions": {p: _version(p) for p in PACKAGES},
+        # raybench by its code (commit or sources' digest): run from a checkout or a job's
+        # working directory it is no installed package, and its version would read empty
+        "versions": {p: code_version() if p == "raybench" else _version(p) for p in PACKAGES},
         "nccl_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("NCCL_")},
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "numa_nodes": len(list(Path("/sys/devices/system/node").glob("node[0-9]*"))) or None,
@@ -172,6 +175,31 @@ def _nccl_version() -> str | None:
         return ".".join(map(str, torch.cuda.nccl.version()))
     except Exception:  # CPU-only builds have no NCCL
         return None
+
+
+def code_version() -> str:
+    """The git commit of the raybench checkout (with `+dirty` for local changes), else the
+    package version and a digest of its sources: what the history compares across weeks.
+    `ray job submit --working-dir .` runs raybench from an unpacked copy without `.git` (Ray
+    leaves it out), in a cluster Python that need not have raybench installed: the digest
+    still says which code ran."""
+    here = Path(__file__).resolve().parent  # the raybench package
+    try:
+        sha = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True,
+                             text=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--", "."],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return sha + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        installed = metadata.version("raybench")
+    except metadata.PackageNotFoundError:
+        installed = None
+    digest = hashlib.sha256()
+    for f in sorted(here.rglob("*.py")):
+        digest.update(f.relative_to(here).as_posix().encode() + b"\0" + f.read_bytes())
+    return f"raybench-{installed or 'src'}+{digest.hexdigest()[:12]}"
 
 
 def _version(package: str) -> str | None:
