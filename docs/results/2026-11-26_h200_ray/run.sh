@@ -40,6 +40,8 @@ print(torch.cuda.get_device_name(0), torch.cuda.device_count())"
       $py -m raybench.sweep $sw/resnet50.yaml --runner local --output runs/shared_local \
         --set hardware.ranks_per_gpu=2 --set hardware.cpus_per_worker=6 --set 'grid={precision: [bf16], batch_size: [128]}' ;;
     inference_ray) $py -m raybench.sweep $sw/inference.yaml --output runs/inference_ray ;;
+    offline_ray)  # Offline alone: the replica's busy share with the input tasks on the spare CPUs
+      $py -m raybench.sweep $sw/inference.yaml --output runs/offline_ray --set 'grid={scenario: [offline]}' ;;
     validate)  # issue 43 on the GPU: the v1 suite's verdict and the measured peaks
       $py -m raybench.validate --expect-gpus 1 --output runs/validate ;;
     xview3_ray) $py -m raybench.sweep $sw/xview3.yaml --output runs/xview3_ray ;;
@@ -82,7 +84,7 @@ for name in "$@"; do
   left=$(( deadline - ($(date +%s) - t0) ))
   case $name in
     # Ray trials cost ~25-32 s each here beyond their windows (README.md): four need ~150 s
-    facts) max=30;; xview3_ray|validate) max=240;; resnet_ray|knobs_ray) max=200;; *) max=150;;
+    facts) max=30;; job|offline_ray) max=100;; xview3_ray|validate) max=240;; resnet_ray|knobs_ray) max=200;; *) max=150;;
   esac
   limit=$(( max < left - 10 ? max : left - 10 ))
   if [ "$limit" -lt 20 ]; then echo "=== SKIP $name (${left}s left)" | tee -a "$log"; continue; fi
