@@ -130,6 +130,32 @@ def test_offline_inputs_use_the_cpus_the_replicas_leave():
     assert offline.input_tasks(1, 1.0, 3.0) == 2
 
 
+def test_offline_inputs_are_made_before_the_pass_and_handed_out_in_turn(monkeypatch):
+    """The Ray pass cycles a pool of batches made before it (on the lent H200, inputs made
+    during the pass held a replica to 57.6% busy): each full batch gets the pool's batch in
+    turn, with the pool's ids (its samples), compared with the reference on first use only; a
+    batch of another size gets inputs of its own."""
+    import ray
+
+    t = trial(scenario="offline", samples=18, accuracy_target=0.9, accuracy_samples=12)
+    assert offline.pool_batches(t) == math.ceil(18 / 4)  # no more batches than the pass has
+    t = trial(scenario="offline", samples=400, accuracy_target=0.9, accuracy_samples=12)
+    assert offline.pool_batches(t) == offline.POOL_BATCHES
+    t = trial(scenario="offline", samples=400, accuracy_target=0.9, accuracy_samples=60)
+    assert offline.pool_batches(t) == 15  # the accuracy samples fill 15 batches of 4
+    pool = [offline._made(t, np.arange(lo, lo + 4)) for lo in range(0, 12, 4)]
+    monkeypatch.setattr(ray, "get", lambda ref: ref)
+    seen = []
+    for lo in range(0, 26, 4):
+        out = offline._inputs({"id": np.arange(lo, min(lo + 4, 26))}, t, pool)
+        seen.append((list(out["id"]), bool(out["check"].all()), bool(out["check"].any())))
+    assert seen[:3] == [([0, 1, 2, 3], True, True), ([4, 5, 6, 7], True, True),
+                        ([8, 9, 10, 11], True, True)]
+    assert seen[3:6] == [([0, 1, 2, 3], False, False), ([4, 5, 6, 7], False, False),
+                         ([8, 9, 10, 11], False, False)]
+    assert seen[6] == ([24, 25], True, True)  # the short last batch: its own samples
+
+
 def test_offline_figures_from_records():
     t = trial(scenario="offline", replicas=2, samples=40, project_samples=13368,
               accuracy_target=0.9)
