@@ -56,7 +56,7 @@ class History:
     def __init__(self, root: str | Path, code_version: str):
         self.root = str(root)
         self.dir = store.join(self.root, DIRECTORY)
-        self.version = code_version  # sysinfo.code_version(): the caller's, as this imports none
+        self.version = code_version  # version.code_version(): the caller's, as this imports none
         self.rows: list[dict[str, Any]] = []
         self.file: str | None = None  # named at the first append, after the run's id
 

@@ -37,8 +37,8 @@ from raybench.rundir import (
 from raybench.runners import Runner, Unreachable
 from raybench.search import search_all
 from raybench.spec import SpecError, SweepSpec, load_sections
-from raybench.sysinfo import code_version
 from raybench.trials import TrialSpec, derive
+from raybench.version import code_version
 
 log = logging.getLogger("raybench.sweep")
 

@@ -8,7 +8,6 @@ the cluster's resources. Missing sources (no GPU, no NVML) give empty fields, ne
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import platform
@@ -22,6 +21,8 @@ from typing import Any
 
 import psutil
 import torch
+
+from raybench.version import code_version
 
 log = logging.getLogger(__name__)
 PACKAGES = ("ray", "torch", "torchvision", "numpy", "pandas", "pyarrow", "pydantic", "raybench")
@@ -175,31 +176,6 @@ def _nccl_version() -> str | None:
         return ".".join(map(str, torch.cuda.nccl.version()))
     except Exception:  # CPU-only builds have no NCCL
         return None
-
-
-def code_version() -> str:
-    """The git commit of the raybench checkout (with `+dirty` for local changes), else the
-    package version and a digest of its sources: what the history compares across weeks.
-    `ray job submit --working-dir .` runs raybench from an unpacked copy without `.git` (Ray
-    leaves it out), in a cluster Python that need not have raybench installed: the digest
-    still says which code ran."""
-    here = Path(__file__).resolve().parent  # the raybench package
-    try:
-        sha = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True,
-                             text=True, timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--", "."],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-        return sha + ("+dirty" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        pass
-    try:
-        installed = metadata.version("raybench")
-    except metadata.PackageNotFoundError:
-        installed = None
-    digest = hashlib.sha256()
-    for f in sorted(here.rglob("*.py")):
-        digest.update(f.relative_to(here).as_posix().encode() + b"\0" + f.read_bytes())
-    return f"raybench-{installed or 'src'}+{digest.hexdigest()[:12]}"
 
 
 def _version(package: str) -> str | None:

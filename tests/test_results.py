@@ -15,7 +15,7 @@ from raybench.history import History
 from raybench.records import TrialOutcome
 from raybench.results import ResultsTable, RowWriter
 from raybench.spec import load_sweep
-from raybench.sysinfo import code_version
+from raybench.version import code_version
 
 
 def test_code_version_without_git_or_an_installed_package(monkeypatch, tmp_path):
@@ -24,22 +24,22 @@ def test_code_version_without_git_or_an_installed_package(monkeypatch, tmp_path)
     code_version before its first trial. Now the sources' digest names the code."""
     import subprocess
 
-    from raybench import sysinfo
+    from raybench import sysinfo, version
 
     def no_git(*a, **k):
         raise subprocess.CalledProcessError(128, a[0])
 
     def not_installed(name):
-        raise sysinfo.metadata.PackageNotFoundError(name)
+        raise version.metadata.PackageNotFoundError(name)
 
-    monkeypatch.setattr(sysinfo.subprocess, "run", no_git)
-    monkeypatch.setattr(sysinfo.metadata, "version", not_installed)
+    monkeypatch.setattr(version.subprocess, "run", no_git)
+    monkeypatch.setattr(version.metadata, "version", not_installed)
     v = code_version()
     assert re.fullmatch(r"raybench-src\+[0-9a-f]{12}", v), v
     assert code_version() == v  # the same sources, the same name
     # the rows' system/raybench read the package's version: empty on the H200's runs (2026-11-26)
     assert sysinfo.machine()["versions"]["raybench"] == v
-    monkeypatch.setattr(sysinfo.metadata, "version", lambda name: "0.3.0")
+    monkeypatch.setattr(version.metadata, "version", lambda name: "0.3.0")
     assert code_version() == v.replace("src", "0.3.0")
 
 

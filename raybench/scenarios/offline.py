@@ -2,11 +2,11 @@
 
 Owns the two ways of running it (Ray Data: a pool of input batches made before the pass, handed
 out by tasks, `map_batches` over a fixed pool of replica actors, one GPU each where the trial has
-GPUs; in-process: the same pool, one thread per replica pulling batches from a shared queue) and the figures (pure `summarize`): throughput over the
-timed pass (first batch start to last batch end, on one clock: `pass_seconds`), each replica's
-rate while busy, per-node throughput, utilisation, batch latency, agreement with the reference
-and the projected time of a dataset of `project_samples` (replica start-up plus that many
-samples at the measured rate).
+GPUs; in-process: the same pool, one thread per replica pulling batches from a shared queue)
+and the figures (pure `summarize`): throughput over the timed pass (first batch start to last
+batch end, on one clock: `pass_seconds`), each replica's rate while busy, per-node throughput,
+utilisation, batch latency, agreement with the reference and the projected time of a dataset of
+`project_samples` (replica start-up plus that many samples at the measured rate).
 """
 
 from __future__ import annotations
