@@ -40,6 +40,10 @@ print(torch.cuda.get_device_name(0), torch.cuda.device_count())"
       $py -m raybench.sweep $sw/resnet50.yaml --runner local --output runs/shared_local \
         --set hardware.ranks_per_gpu=2 --set hardware.cpus_per_worker=6 --set 'grid={precision: [bf16], batch_size: [128]}' ;;
     inference_ray) $py -m raybench.sweep $sw/inference.yaml --output runs/inference_ray ;;
+    ratio_ray|ratio_local)  # Ray / in-process with three windows a trial (one window gave CVs of 8-23%)
+      runner=ray; [ $1 = ratio_local ] && runner=local
+      $py -m raybench.sweep $sw/resnet50.yaml --runner $runner --output runs/$1 \
+        --set measure.repeats=3 --set 'grid={precision: [bf16], batch_size: [128, 256]}' ;;
     offline_ray)  # Offline alone: the replica's busy share with the input tasks on the spare CPUs
       $py -m raybench.sweep $sw/inference.yaml --output runs/offline_ray --set 'grid={scenario: [offline]}' ;;
     validate)  # issue 43 on the GPU: the v1 suite's verdict and the measured peaks
@@ -84,7 +88,7 @@ for name in "$@"; do
   left=$(( deadline - ($(date +%s) - t0) ))
   case $name in
     # Ray trials cost ~25-32 s each here beyond their windows (README.md): four need ~150 s
-    facts) max=30;; job|offline_ray) max=100;; xview3_ray|validate) max=240;; resnet_ray|knobs_ray) max=200;; *) max=150;;
+    facts) max=30;; job|offline_ray) max=100;; ratio_ray|ratio_local) max=150;; xview3_ray|validate) max=240;; resnet_ray|knobs_ray) max=200;; *) max=150;;
   esac
   limit=$(( max < left - 10 ? max : left - 10 ))
   if [ "$limit" -lt 20 ]; then echo "=== SKIP $name (${left}s left)" | tee -a "$log"; continue; fi
