@@ -96,9 +96,9 @@ PEAK_MEMORY_GB_S: dict[str, float] = {
 
 
 def peak_memory_gb_s(gpu_name: str | None) -> float | None:
-    """PEAK_MEMORY_GB_S's figure for the longest key found in the device name, else None."""
-    matches = [k for k in PEAK_MEMORY_GB_S if gpu_name and names_gpu(gpu_name, k)]
-    return PEAK_MEMORY_GB_S[max(matches, key=len)] if matches else None
+    """PEAK_MEMORY_GB_S's figure for the device, as peak_tflops finds it, else None."""
+    key = _table_key(PEAK_MEMORY_GB_S, gpu_name)
+    return PEAK_MEMORY_GB_S[key] if key else None
 
 
 def names_gpu(device_name: str, key: str) -> bool:
@@ -109,14 +109,16 @@ def names_gpu(device_name: str, key: str) -> bool:
 
 
 def peak_tflops(gpu_name: str | None, precision: str) -> float | None:
-    """The table's figure for the longest key found in the device name as a whole word
-    ("L4" names "NVIDIA L4", not "NVIDIA L40S"; "B200" not "NVIDIA GB200"), else None."""
-    if not gpu_name:
-        return None
-    matches = [k for k in PEAK_TFLOPS if names_gpu(gpu_name, k)]
-    if not matches:
-        return None
-    return PEAK_TFLOPS[max(matches, key=len)].get(precision)
+    """The table's figure for the device at this precision, else None."""
+    key = _table_key(PEAK_TFLOPS, gpu_name)
+    return PEAK_TFLOPS[key].get(precision) if key else None
+
+
+def _table_key(table: dict[str, Any], gpu_name: str | None) -> str | None:
+    """The longest key of a datasheet table found in the device name as a whole word ("L4"
+    names "NVIDIA L4", not "NVIDIA L40S"; "B200" not "NVIDIA GB200"), else None."""
+    matches = [k for k in table if gpu_name and names_gpu(gpu_name, k)]
+    return max(matches, key=len) if matches else None
 
 
 def _conv_backward_flop(grad_out_shape, x_shape, w_shape, _bias, _stride, _padding, _dilation,

@@ -115,11 +115,7 @@ def _run(args: argparse.Namespace, t0: float, started: bool) -> int:
         with writing(out, spec.source):
             runner = runners.make(args.runner, spec, out, args.address, started)
             summary = run_sweep(spec, trials, out, runner, history, args.jsonl, t0)
-    except (SpecError, store.UnreadableTable) as e:  # found before anything was written
-        print(f"raybench: {e}", file=sys.stderr)
-        _remove_if_unused(out, args.resume)
-        return cli.EXIT_INVALID
-    except Unreachable as e:
+    except (SpecError, store.UnreadableTable, Unreachable) as e:  # before anything was written
         print(f"raybench: {e}", file=sys.stderr)
         _remove_if_unused(out, args.resume)
         return cli.EXIT_INVALID

@@ -19,6 +19,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ import pandas as pd
 
 from raybench import cli
 from raybench.runners import Unreachable
-from raybench.verdict import Margins, MarginsError, Verdict, judge, load_margins
+from raybench.verdict import LEVELS, Margins, MarginsError, Verdict, judge, load_margins
 
 SUITE = "v1"
 RESULTS = "results"  # the suite's sweeps set no output.root: the default one
@@ -83,7 +84,7 @@ def _validate(args: argparse.Namespace, margins: Margins) -> int:
     summary = _summary(gpu_v, node_v, out, time.monotonic() - t0, margins)
     out.mkdir(parents=True, exist_ok=True)
     (out / "validation.json").write_text(json.dumps(
-        {**summary, "devices": [_dict(v) for v in gpu_v], "nodes": [_dict(v) for v in node_v]},
+        {**summary, "devices": [asdict(v) for v in gpu_v], "nodes": [asdict(v) for v in node_v]},
         indent=1, default=str))
     (out / "validation.html").write_text(page(gpu_v, node_v, summary))
     print(json.dumps({"raybench_validate": summary}, default=str), flush=True)
@@ -137,18 +138,13 @@ def _facts(runs: dict[str, Path]) -> dict[str, dict[str, Any]]:
 
 def _summary(gpus: list[Verdict], nodes: list[Verdict], out: Path, elapsed: float,
              margins: Margins) -> dict[str, Any]:
-    levels = [v.level for v in gpus + nodes]
-    worst = max(levels, key=("pass", "warn", "fail").index) if levels else "pass"
+    worst = LEVELS[max((v.rank for v in gpus + nodes), default=0)]
     count = lambda vs, lv: sum(v.level == lv for v in vs)  # noqa: E731
     return {"suite": SUITE, "verdict": worst, "output": str(out),
-            "devices": {lv: count(gpus, lv) for lv in ("pass", "warn", "fail")},
-            "nodes": {lv: count(nodes, lv) for lv in ("pass", "warn", "fail")},
+            "devices": {lv: count(gpus, lv) for lv in LEVELS},
+            "nodes": {lv: count(nodes, lv) for lv in LEVELS},
             "elapsed_s": round(elapsed, 1), "margins": margins.model_dump(),
             "page": str(out / "validation.html")}
-
-
-def _dict(v: Verdict) -> dict[str, Any]:
-    return {"subject": v.subject, "level": v.level, "reasons": v.reasons, "figures": v.figures}
 
 
 def page(gpus: list[Verdict], nodes: list[Verdict], summary: dict[str, Any]) -> str:

@@ -166,11 +166,16 @@ def _subject(key: tuple[str, int | None]) -> str:
     return f"{ip} CPU" if index is None else f"{ip} GPU {index}"
 
 
+def _settings(columns: Any) -> list[str]:
+    """A probe row's setting columns: the probe and its parameters, the precision; not the
+    seed, which validate varies to run a trial per GPU."""
+    return sorted(k for k in columns if k.startswith("workload.") and k != "workload.seed"
+                  or k == "hardware.precision")
+
+
 def _setting(row: pd.Series) -> tuple:
     """What makes two probe rows comparable: the probe and its settings, the GPU model."""
-    keys = sorted(k for k in row.index if k.startswith("workload.") and k not in (
-        "workload.seed",) or k == "hardware.precision")
-    return (row.get("device"), *[(k, str(row[k])) for k in keys])
+    return (row.get("device"), *[(k, str(row[k])) for k in _settings(row.index)])
 
 
 def _probes(gpus: dict[tuple[str, int | None], Verdict], nodes: dict[str, dict[str, Any]],
@@ -217,9 +222,7 @@ def _label(row: pd.Series, varied: list[str]) -> str:
 
 def _varied(rows: pd.DataFrame) -> list[str]:
     """The setting columns whose values differ between rows of one probe."""
-    cols = [k for k in rows.columns if (k.startswith("workload.") and k not in (
-        "workload.seed", "workload.name")) or k == "hardware.precision"]
-    return sorted(k for k in cols if rows[k].astype(str).nunique() > 1)
+    return [k for k in _settings(rows.columns) if rows[k].astype(str).nunique() > 1]
 
 
 def _under_load(v: Verdict, row: pd.Series, nodes: dict[str, dict[str, Any]], m: Margins,

@@ -241,6 +241,11 @@ class Probe(Workload):
         return None
 
     @staticmethod
+    def floats_in(mib: float) -> int:
+        """float32 elements in a buffer of `mib` MiB (at least one)."""
+        return max(1, int(mib * 2**20 // 4))
+
+    @staticmethod
     def median_step_s(records: list[RankRecord]) -> float:
         """The median measured step over every rank's steps."""
         return float(np.median(np.concatenate([np.asarray(r.compute_s) for r in records])))

@@ -33,7 +33,7 @@ class Allreduce(Probe):
     params: AllreduceParams
 
     def setup(self) -> None:
-        n = max(1, int(self.params.message_mb * 2**20 // 4))
+        n = self.floats_in(self.params.message_mb)
         # Zeros sum to zeros: values stay bounded over any number of all-reduces with no
         # rescaling between them (a div_ after each one was timed with it: bus bandwidth low).
         # Neither NCCL nor gloo looks at the values, so the traffic is the same.

@@ -35,7 +35,7 @@ class Membw(Probe):
     datasheet_metric = "probe/memory_datasheet_gb_s"
 
     def setup(self) -> None:
-        n = max(1, int(self.params.size_mb * 2**20 // 4))
+        n = self.floats_in(self.params.size_mb)
         # written once so that every page is backed before the timing (a first touch would be
         # the OS's work, not the memory's)
         self.src = torch.ones(n, dtype=torch.float32, device=self.ctx.device)

@@ -35,7 +35,7 @@ class Transfer(Probe):
     headline_metric = "probe/transfer_gb_s"
 
     def setup(self) -> None:
-        n = max(1, int(self.params.size_mb * 2**20 // 4))
+        n = self.floats_in(self.params.size_mb)
         host = torch.ones(n, dtype=torch.float32, pin_memory=self.params.pinned)
         device = torch.zeros(n, dtype=torch.float32, device=self.ctx.device)
         self.src, self.dst = (host, device) if self.params.direction == "h2d" else (device, host)
