@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import subprocess
+import sys
 import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -38,6 +40,19 @@ def write_sweep(tmp_path: Path):
         return path
 
     return _write
+
+
+def pytest_configure(config):
+    """Under pytest-xdist, one Ray token before any worker starts a cluster. Each `ray.init`
+    that starts a local cluster and finds no token writes a new one to ~/.ray/auth_token
+    (Ray 2.59+); on a fresh machine two workers starting clusters at the same moment could
+    each write their own, and one cluster would hold a token the file no longer has."""
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
+        return  # a worker, or no workers at all
+    if os.environ.get("RAY_AUTH_TOKEN") or (Path.home() / ".ray" / "auth_token").exists():
+        return
+    subprocess.run([str(Path(sys.executable).parent / "ray"), "get-auth-token", "--generate"],
+                   check=True, capture_output=True)
 
 
 def pytest_collection_modifyitems(config, items):

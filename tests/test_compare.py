@@ -120,6 +120,8 @@ def sweep(tmp_path: Path, name: str, busy: bool) -> Path:
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="pins the runs to one core")
+# a busy process against none: alone, after the parallel part
+@pytest.mark.serial
 def test_real_runs_slower_is_slower_and_a_rerun_is_not(tmp_path):
     base = sweep(tmp_path, "base", busy=False)
     rerun = sweep(tmp_path, "rerun", busy=False)

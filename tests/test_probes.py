@@ -15,6 +15,9 @@ from raybench.grid import expand
 from raybench.runners.local import run_local
 from raybench.spec import SpecError, load_sweep
 
+# times things against each other on the machine's cores: alone, after the parallel part (serial)
+pytestmark = pytest.mark.serial
+
 PROBE = """
 name: probe
 system: {label: test-cpu}

@@ -14,6 +14,9 @@ from raybench.metrics import own_compute
 from tests.conftest import TINY_SWEEP, gloo_group, spawn_ranks
 from tests.test_metrics import record
 
+# one rank's own compute against the others': alone, after the parallel part (serial)
+pytestmark = pytest.mark.serial
+
 
 def _rank(rank: int, port: int, sweep: str, slow_s: float, out: str) -> None:
     import time

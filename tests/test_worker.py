@@ -211,6 +211,7 @@ class _Sleeper:
         return torch.tensor(1.0)
 
 
+@pytest.mark.serial  # sleep-paced steps timed to the millisecond: alone
 def test_window_sync_agrees_with_step_sync_on_cpu(write_sweep):
     from raybench.worker import _run_windows, _timed_step
 
@@ -255,6 +256,7 @@ def _windows(write_sweep, pace, most, repeats=3, steps=5):
     return _run_windows(w, w.batches(), ctx, steps, repeats, most), ctx
 
 
+@pytest.mark.serial  # sleep-paced steps timed to the millisecond: alone
 def test_a_slow_first_window_becomes_warmup(write_sweep):
     # the first window at 3x the steady step time (a clock ramping up, a neighbour's burst)
     run, ctx = _windows(write_sweep, lambda k: 0.09 if k == 0 else 0.03, most=5)
@@ -270,6 +272,7 @@ def test_a_slow_first_window_becomes_warmup(write_sweep):
     assert time.monotonic() - run["kept_from"]["t"] == pytest.approx(since, abs=0.02)
 
 
+@pytest.mark.serial  # sleep-paced steps timed to the millisecond: alone
 def test_windows_that_never_agree_stop_at_max_repeats(write_sweep):
     run, ctx = _windows(write_sweep, lambda k: 0.01 if k % 2 == 0 else 0.04, most=5)
     assert run["warmup_windows"] == 2  # five run, the last three kept: fast, slow, fast
@@ -295,6 +298,7 @@ def _paced_rank(rank: int, port: int, out: str) -> None:
             {"extra": run["warmup_windows"], "windows": len(run["windows_s"])}))
 
 
+@pytest.mark.serial  # sleep-paced steps timed to the millisecond: alone
 def test_ranks_run_the_same_windows_and_drop_the_same(tmp_path):
     import json
 
@@ -303,6 +307,7 @@ def test_ranks_run_the_same_windows_and_drop_the_same(tmp_path):
     assert ranks[0] == ranks[1] and ranks[0]["windows"] == 3 and ranks[0]["extra"] >= 1, ranks
 
 
+@pytest.mark.serial  # sleep-paced steps timed to the millisecond: alone
 @pytest.mark.parametrize("most, repeats", [(None, 3), (5, 1)])
 def test_without_max_repeats_the_windows_are_fixed(write_sweep, most, repeats):
     # (one window has nothing to agree with: max_repeats does not apply to it)

@@ -62,10 +62,23 @@ class LocalCluster:
     def start_head(self, *args: str) -> None:
         self._start("--head", f"--node-ip-address={self.head_ip}", f"--port={self.port}",
                     f"--dashboard-port={self.dashboard_port}", f"--dashboard-host={self.head_ip}",
+                    f"--ray-client-server-port={free_port()}",
                     f"--temp-dir={self.temp_dir}", "--include-dashboard=true", *args)
 
     def add_node(self, ip: str, *args: str) -> None:
         self._start(f"--address={self.address}", f"--node-ip-address={ip}", *args)
+
+    def _start(self, *args: str) -> None:
+        # Ray's fixed default ports (the agent's HTTP 52365, which serves job submission; the
+        # client server's 10001) are taken by whichever Ray on this machine started first:
+        # with `make test`'s tests two at a time, a job submitted here got "No available
+        # agent to submit job". Every node of this cluster gets free ports of its own.
+        cmd = [str(BIN / "ray"), "start", "--block", "--disable-usage-stats",
+               f"--dashboard-agent-listen-port={free_port()}", *args]
+        if self.private:
+            cmd = self.private_cmd(cmd)
+        self.procs.append(subprocess.Popen(cmd, env=self.env, start_new_session=True,
+                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
 
     def private_cmd(self, cmd: list[str], then: str = "") -> list[str]:
         """`cmd` in a mount namespace of its own, `self.private` a fresh tmpfs there (gone
@@ -74,13 +87,6 @@ class LocalCluster:
                   'exit $rc')
         return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
                 *cmd]
-
-    def _start(self, *args: str) -> None:
-        cmd = [str(BIN / "ray"), "start", "--block", "--disable-usage-stats", *args]
-        if self.private:
-            cmd = self.private_cmd(cmd)
-        self.procs.append(subprocess.Popen(cmd, env=self.env, start_new_session=True,
-                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
 
     def wait_for_nodes(self, n: int, timeout: float = 90) -> None:
         code = ("import ray,sys; ray.init(address=sys.argv[1], logging_level='ERROR'); "

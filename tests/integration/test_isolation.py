@@ -28,8 +28,9 @@ from tests.integration.ray_nodes import LocalCluster
 # raises it to measure the spread the bounds below come from.
 ROUNDS = int(os.environ.get("RAYBENCH_ROUNDS", "2"))
 
-# the rounds run in the first test's set-up: 75-90 s each here, 100 s on a loaded machine
-pytestmark = [pytest.mark.ray, pytest.mark.timeout(120 + 150 * ROUNDS)]
+# the rounds run in the first test's set-up: 75-90 s each here, 100 s on a loaded machine. They
+# compare speeds, so the module runs alone, after the parallel part of `make test` (serial)
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(120 + 150 * ROUNDS), pytest.mark.serial]
 
 SWEEP = """
 name: isolation

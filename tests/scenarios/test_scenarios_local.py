@@ -79,6 +79,7 @@ def search_with_one_more_after_a_stall(trial, known_of, low: float = 0.80):
     return out
 
 
+@pytest.mark.serial  # rates and latencies against a known service time: alone
 def test_server_search_finds_the_known_limit_of_a_fixed_service_time():
     """One replica taking 5 ms per query, p99 bound 25 ms, 400 Poisson queries per rate. The
     known limit: the rate at which a FIFO queue with that service time, fed the same arrival
@@ -113,6 +114,7 @@ def test_server_search_finds_the_known_limit_of_a_fixed_service_time():
     assert any(p["passed"] is False and p["rate_qps"] <= known * 1.12 for p in probes)
 
 
+@pytest.mark.serial  # rates and latencies against a known service time: alone
 def test_server_dynamic_batching_finds_the_known_limit_of_a_batching_queue():
     """One replica whose call of n queries takes 10 + n ms, taking up to 8 waiting queries a
     call, p99 bound 50 ms. The known limit is the same queue's, fed the same arrivals; one
@@ -133,6 +135,7 @@ def test_server_dynamic_batching_finds_the_known_limit_of_a_batching_queue():
     assert m["server/p99_ms"] <= 50.0
 
 
+@pytest.mark.serial  # rates and latencies against a known service time: alone
 def test_offline_throughput_of_fixed_service_replicas_is_what_theory_says():
     """2 replicas x 4 samples per 20 ms call = 400 samples/s at best; 1 replica half that."""
     trials = sweep({"name": "fixed_service", "service_ms": 20.0, "batch_size": 4},
