@@ -120,6 +120,7 @@ def test_cpu_tile_sweep_fills_every_column(tmp_path, capsys):
     assert (train["train/loss_finite"] == True).all()  # noqa: E712 (an object column)
 
 
+@pytest.mark.serial  # a time against torch's Timer: alone (1.85x beside three other tests)
 def test_forward_time_agrees_with_torch_benchmark_timer(write_sweep):
     """On GPU the must-show is within 5%; a shared 2-core CPU only bounds it loosely."""
     from raybench.harness import forward_check

@@ -76,8 +76,6 @@ def test_every_sweep_file_is_planned():
     assert sum(_shape(p) in SHAPES for p in SWEEPS) == len(SWEEPS) > 20
 
 
-# a start-up limit of seconds: alone, after the parallel part
-@pytest.mark.serial
 def test_blocked_worker_group_gives_up_quickly(tmp_path, write_sweep):
     """Resources exist but are held: Ray Train's start deadline must end the trial, once."""
     from raybench.spec import ExecutionSpec

@@ -81,8 +81,6 @@ def test_sigint_mid_sweep_then_resume(tmp_path):
     assert (out / "system_info.json").read_text() == facts  # the first session's facts stay
 
 
-# a time limit that counts the trial's start-up: alone, after the parallel part
-@pytest.mark.serial
 def test_a_trial_that_raises_and_one_over_its_time_limit_are_rows(tmp_path):
     """One sweep (each sweep start costs half a minute here): the synthetic trial runs into the
     30 s trial limit with a 600 s window, then the imagefolder trial raises; both are rows.
@@ -169,8 +167,6 @@ def test_worker_process_killed_mid_trial(tmp_path, retries):
         assert row["status"] == "lost" and row["trial/retries"] == 0
 
 
-# a 3 s start-up limit: alone, after the parallel part
-@pytest.mark.serial
 def test_trials_whose_workers_never_start_are_error_rows(tmp_path):
     """A worker process that cannot start (here a `hardware.env` that breaks Python) left Ray
     Train's controller waiting for ever: each trial is now an `error` row once twice

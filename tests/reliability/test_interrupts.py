@@ -40,6 +40,7 @@ def test_signal_outside_a_row_stops_at_once(handlers):
     assert info.value.signum == signal.SIGINT
 
 
+@pytest.mark.serial  # the ranks have 15 s to end: alone (one outlived that beside three other tests)
 def test_ranks_of_a_killed_local_driver_end_with_it(tmp_path):
     """SIGKILL the driver of a `--runner local` sweep with two ranks: the ranks end too, and
     do not compete with a `--resume` for the cores (issue 41, item 8)."""

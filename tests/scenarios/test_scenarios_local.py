@@ -207,6 +207,7 @@ def test_language_model_offline_and_server_figures():
     assert 0 < m["server/tpot_p50_ms"] < m["server/p50_ms"]
 
 
+@pytest.mark.serial  # a Server search against a latency bound: alone (no rate passed beside three other tests)
 def test_bench_run_writes_inference_rows_and_a_report(tmp_path, capsys):
     out = tmp_path / "run"
     code = bench.main(["run", str(ROOT / "sweeps" / "inference_cpu.yaml"), "--output", str(out),
