@@ -50,7 +50,7 @@ sweep: $(STAMP)
 
 # Two parts: most tests two at a time (pytest-xdist, one worker per core; a module's tests on one
 # worker, so a module's Ray cluster starts once), since most of a Ray test's time is waiting on
-# processes to start, not the CPU (two one-trial sweeps side by side: 43-47 s, one alone 40 s);
+# processes to start, not the CPU (two two-trial sweeps side by side: 43-47 s, one alone 40 s);
 # then the tests marked `serial` alone: those that compare timings or speeds, wait a few seconds
 # for something under load, or keep both cores busy for minutes. Three at a time was slower
 # (581 s against 532-570 s for the first part) and failed three tests. Both parts run; either
