@@ -21,6 +21,7 @@ the other nodes', NCCL over sockets between nodes where the node has RDMA device
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -244,8 +245,7 @@ def _nodes(nodes: dict[str, dict[str, Any]], rows: pd.DataFrame,
            expect_gpus: int | None) -> list[Verdict]:
     out = []
     versions = {ip: _versions(f) for ip, f in nodes.items() if "error" not in f}
-    usual = {k: _most_common([v[k] for v in versions.values()]) for k in
-             ("driver", "cuda", "nccl")}
+    usual = {k: _usual([v[k] for v in versions.values()]) for k in ("driver", "cuda", "nccl")}
     for ip, facts in nodes.items():
         v = Verdict(f"node {ip}")
         out.append(v)
@@ -257,9 +257,14 @@ def _nodes(nodes: dict[str, dict[str, Any]], rows: pd.DataFrame,
         if expect_gpus is not None and n != expect_gpus:
             v.add("fail", f"{n} GPUs, {expect_gpus} expected")
         for key, level in (("driver", "fail"), ("cuda", "warn"), ("nccl", "warn")):
-            mine = versions[ip][key]
-            if len(nodes) > 1 and mine != usual[key]:
-                v.add(level, f"{key} {mine}, unlike the other nodes' {usual[key]}")
+            mine, (most, counts) = versions[ip][key], usual[key]
+            if len(counts) < 2:
+                continue
+            if most is _NO_MAJORITY:  # no node is the odd one out: each is told
+                spread = ", ".join(f"{value} on {n}" for value, n in counts.items())
+                v.add(level, f"{key} {mine}, and no {key} is the nodes' usual one ({spread})")
+            elif mine != most:
+                v.add(level, f"{key} {mine}, unlike the other nodes' {most}")
         rdma = facts.get("rdma_devices") or []
         nets = _nets_of(rows, ip)
         if rdma and any(n.lower().startswith("socket") for n in nets):
@@ -275,8 +280,18 @@ def _versions(facts: dict[str, Any]) -> dict[str, Any]:
             "nccl": (facts.get("cuda") or {}).get("nccl")}
 
 
-def _most_common(values: list[Any]) -> Any:
-    return max(set(values), key=values.count) if values else None
+_NO_MAJORITY = object()
+
+
+def _usual(values: list[Any]) -> tuple[Any, Counter]:
+    """The value most nodes have, and how many have each; `_NO_MAJORITY` where two values
+    tie for most (two nodes that disagree: neither is the odd one out, and which one a set's
+    order named differed from run to run)."""
+    counts = Counter(values)
+    top = counts.most_common(2)
+    if len(top) > 1 and top[0][1] == top[1][1]:
+        return _NO_MAJORITY, counts
+    return (top[0][0] if top else None), counts
 
 
 def _nets_of(rows: pd.DataFrame, ip: str) -> list[str]:

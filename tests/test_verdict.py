@@ -4,11 +4,14 @@ with its reason, a healthy machine passes, and the margins file is checked like 
 from __future__ import annotations
 
 import copy
+import json
+import os
 
 import pandas as pd
 import pytest
 
 from raybench.verdict import Margins, MarginsError, judge, load_margins
+from tests.conftest import ROOT
 
 HEALTHY = {"ecc_uncorrected_volatile": 0, "ecc_uncorrected_aggregate": 0, "retired_pages": 0,
            "retired_pages_pending": False, "remapped_rows_uncorrected": 0,
@@ -134,6 +137,30 @@ def test_a_node_with_another_driver_or_too_few_gpus_fails():
     assert nodes["node 10.0.0.4"].level == "fail" and "3 GPUs, 4 expected" in \
         nodes["node 10.0.0.4"].reasons[0]
     assert nodes["node 10.0.0.1"].level == "pass"
+
+
+def test_two_nodes_whose_drivers_differ_both_fail_the_same_way_every_run():
+    """Neither of two disagreeing nodes is the odd one out: both are told, in every Python
+    process (a set's order, which once chose the node to blame, differs between them)."""
+    import subprocess
+    import sys
+
+    code = ("import json, pandas as pd; from raybench.verdict import Margins, judge; "
+            "from tests.test_verdict import node; "
+            "_, nodes = judge({'10.0.0.1': node(), '10.0.0.2': node(driver='550.54.15')}, "
+            "pd.DataFrame(), Margins()); "
+            "print(json.dumps({v.subject: [v.level, v.reasons] for v in nodes}))")
+    seen = {subprocess.run([sys.executable, "-c", code], env={**os.environ,
+                                                             "PYTHONHASHSEED": seed},
+                           cwd=ROOT, capture_output=True, text=True, check=True).stdout
+            for seed in ("1", "2", "3")}
+    assert len(seen) == 1, seen
+    nodes = json.loads(seen.pop())
+    for ip, mine in (("10.0.0.1", "560.35.03"), ("10.0.0.2", "550.54.15")):
+        level, reasons = nodes[f"node {ip}"]
+        assert level == "fail"
+        assert reasons == [f"fail: driver {mine}, and no driver is the nodes' usual one "
+                           "(560.35.03 on 1, 550.54.15 on 1)"], reasons
 
 
 def test_the_margins_file_is_checked(tmp_path):
