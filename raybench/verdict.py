@@ -261,7 +261,8 @@ def _nodes(nodes: dict[str, dict[str, Any]], rows: pd.DataFrame,
             if len(counts) < 2:
                 continue
             if most is _NO_MAJORITY:  # no node is the odd one out: each is told
-                spread = ", ".join(f"{value} on {n}" for value, n in counts.items())
+                spread = ", ".join(f"{value} on {c} node{'s' * (c > 1)}"
+                                   for value, c in counts.items())
                 v.add(level, f"{key} {mine}, and no {key} is the nodes' usual one ({spread})")
             elif mine != most:
                 v.add(level, f"{key} {mine}, unlike the other nodes' {most}")

@@ -160,7 +160,7 @@ def test_two_nodes_whose_drivers_differ_both_fail_the_same_way_every_run():
         level, reasons = nodes[f"node {ip}"]
         assert level == "fail"
         assert reasons == [f"fail: driver {mine}, and no driver is the nodes' usual one "
-                           "(560.35.03 on 1, 550.54.15 on 1)"], reasons
+                           "(560.35.03 on 1 node, 550.54.15 on 1 node)"], reasons
 
 
 def test_the_margins_file_is_checked(tmp_path):
