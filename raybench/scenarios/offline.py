@@ -169,9 +169,9 @@ def run_local(trial: TrialSpec, devices: list[Any]) -> tuple[list[dict], list[di
     chunks = [np.arange(lo, min(lo + b, inf.samples)) for lo in range(0, inf.samples, b)]
     pool = [(ids, replicas[0].cls.serving_inputs(trial.workload, ids))
             for ids in chunks[:pool_batches(trial)]]
-    work: queue.Queue[tuple[int, np.ndarray]] = queue.Queue()
-    for j, ids in enumerate(chunks):
-        work.put((j, ids))
+    work: queue.Queue[np.ndarray] = queue.Queue()
+    for ids in chunks:
+        work.put(ids)
     records: list[dict[str, Any]] = []
     errors: list[BaseException] = []
 
@@ -179,14 +179,13 @@ def run_local(trial: TrialSpec, devices: list[Any]) -> tuple[list[dict], list[di
         try:
             while True:
                 try:
-                    j, ids = work.get_nowait()
+                    ids = work.get_nowait()
                 except queue.Empty:
                     return
-                pool_ids, inputs = pool[j % len(pool)]
-                if len(pool_ids) != len(ids):  # the short last batch: its own inputs
-                    pool_ids, inputs = ids, replica.cls.serving_inputs(trial.workload, ids)
-                # reused inputs are the pool samples': compared with the reference once
-                records.append(replica.serve(pool_ids, inputs, check=j < len(pool)))
+                k, check = pool_turn(ids, b, len(pool))
+                pool_ids, inputs = (pool[k] if k is not None else
+                                    (ids, replica.cls.serving_inputs(trial.workload, ids)))
+                records.append(replica.serve(pool_ids, inputs, check=check))
         except BaseException as e:  # re-raised in the caller: a failed trial is a row
             errors.append(e)
 
@@ -283,22 +282,29 @@ def pool_batches(trial: TrialSpec) -> int:
     return min(max(POOL_BATCHES, need), math.ceil(inf.samples / trial.workload.batch_size))
 
 
+def pool_turn(ids: np.ndarray, batch_size: int, pool_size: int) -> tuple[int | None, bool]:
+    """Which pool batch serves the pass's batch of these ids, the pool cycled in turn (None:
+    a batch of another size, the short last one, which gets inputs of its own), and whether
+    its samples are compared with the reference: a pool batch's on its first use only."""
+    if len(ids) != batch_size:
+        return None, True
+    turn = int(ids[0]) // batch_size
+    return turn % pool_size, turn < pool_size
+
+
 def _made(t: TrialSpec, ids: np.ndarray) -> dict[str, np.ndarray]:
     return {"id": ids, **workloads.get(t.workload_name).serving_inputs(t.workload, ids)}
 
 
 def _inputs(batch: dict[str, np.ndarray], t: TrialSpec, pool: list) -> dict[str, np.ndarray]:
-    """The pass's batch of these ids: the pool's batch in turn (its samples, so its ids), or,
-    for a batch of another size (the last), inputs of its own. `check`: the first use of a
-    pool batch, whose samples the replica compares with its reference."""
+    """The pass's batch of these ids as `pool_turn` picks it (a pool batch brings its own
+    samples, so its ids), with `check` for the replica."""
     import ray
 
     ids = batch["id"]
-    n = len(ids)
-    if n != t.workload.batch_size:
-        return {**_made(t, ids), "check": np.ones(n, dtype=bool)}
-    turn = int(ids[0]) // n
-    return {**ray.get(pool[turn % len(pool)]), "check": np.full(n, turn < len(pool))}
+    k, check = pool_turn(ids, t.workload.batch_size, len(pool))
+    return {**(_made(t, ids) if k is None else ray.get(pool[k])),
+            "check": np.full(len(ids), check)}
 
 
 class _RayReplica:
