@@ -21,6 +21,7 @@ from raybench.spec import (
     SpecError,
     SweepSpec,
     build_model,
+    check_graphs,
 )
 from raybench.trials import TrialSpec, trial_key
 from raybench.workloads import WorkloadParams
@@ -181,6 +182,9 @@ def _resolve(spec: SweepSpec, index: int, overrides: dict[str, Any]) -> TrialSpe
         where = f" in grid combination {overrides}" if overrides else ""
         raise SpecError(spec.source, problem[0] + where, None, problem[1],
                         f"remove {problem[0]} for workload {spec.workload_name}")
+    if resolved.get("inference") is not None:
+        check_graphs(spec.workload_name, resolved["hardware"], resolved["inference"],
+                     spec.source, f" in grid combination {overrides}" if overrides else "")
     key = trial_key(spec.workload_name, resolved)
     return TrialSpec(index=index, key=key, sweep=spec.name, workload_name=spec.workload_name,
                      overrides=overrides, **resolved)

@@ -265,6 +265,26 @@ def _check_inference(workload_name: str | None, hardware: HardwareSpec,
                         "for training trials", "remove search: from an inference sweep")
 
 
+def check_graphs(workload_name: str, hardware: HardwareSpec, inference: InferenceSpec,
+                 source: str, where: str = "") -> None:
+    """inference.cuda_graphs where it can apply (a trial's sections, as grid.py resolves them;
+    `where` names its grid combination)."""
+    if not inference.cuda_graphs:
+        return
+    key = "inference.cuda_graphs" + where
+    graphed = [n for n in workloads.names() if getattr(workloads.get(n), "serving_graphs", False)]
+    if workload_name not in graphed:
+        raise SpecError(source, key, True, f"workload {workload_name} serves its forward "
+                        "eagerly only", f"use one of {graphed}, or remove inference.cuda_graphs")
+    if not hardware.use_gpu:
+        raise SpecError(source, key, True, "CUDA graphs need a GPU replica",
+                        "set hardware.num_gpus: 1, or remove inference.cuda_graphs")
+    if hardware.compile:
+        raise SpecError(source, key, True, "hardware.compile is set too: torch.compile "
+                        "captures graphs of its own (mode reduce-overhead)",
+                        "choose one: remove hardware.compile or inference.cuda_graphs")
+
+
 def validate_workload(block: Any, source: str) -> tuple[str, WorkloadParams]:
     if not isinstance(block, dict) or "name" not in block:
         raise SpecError(source, "workload", block, "must be a mapping with a 'name'",

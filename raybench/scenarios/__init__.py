@@ -55,6 +55,11 @@ class InferenceSpec(BaseModel):
         "per token for the language model)")
     accuracy_samples: int = Field(64, ge=1, description="samples the agreement is measured on")
     seed: int = Field(0, description="seed of the Poisson arrivals")
+    cuda_graphs: bool = Field(
+        False, description="GPU replicas replay their forward as CUDA graphs, one captured per "
+        "batch size (powers of two up to the largest call), each call padded to the next, as "
+        "deployed inference does; an eager forward of a small batch is bound by the host's "
+        "kernel launches. Workloads resnet and efficientnet")
 
     @model_validator(mode="after")
     def _server(self) -> InferenceSpec:

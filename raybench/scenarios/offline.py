@@ -12,6 +12,7 @@ utilisation, batch latency, agreement with the reference and the projected time 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import queue
 import threading
@@ -27,6 +28,8 @@ from raybench.flops import mfu
 from raybench.metrics import device_column
 from raybench.scenarios.replica import Replica
 from raybench.trials import TrialSpec
+
+log = logging.getLogger(__name__)
 
 declare(
     Metric("infer/samples", "count", "samples in the timed pass"),
@@ -244,6 +247,9 @@ def run_ray(trial: TrialSpec, start_timeout_s: float, logical_gpus: bool = False
     for row in ds.iter_rows():  # as they reach the driver: its clock times the pass
         row["arrived_s"] = time.perf_counter()
         rows.append(row)
+    # Ray Data's account of the pass (each operator's time, the driver's waits): where a
+    # replica's idle share is read from
+    log.info("offline pass of trial %s on Ray Data:\n%s", trial.key, ds.stats())
     return _unpack(rows)
 
 

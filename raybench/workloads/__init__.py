@@ -273,6 +273,9 @@ class Servable(Workload):
     """A workload that can be served in an inference scenario (scenarios/)."""
 
     serves = True
+    # Whether `capture_serving` can replay its serving forward as CUDA graphs
+    # (inference.cuda_graphs); the sweep loader refuses the setting for the others.
+    serving_graphs = False
 
     # Inputs are numpy so they travel through Ray Data, and depend on the sample ids alone, so
     # a reference pass in another precision sees the same.
@@ -291,6 +294,11 @@ class Servable(Workload):
         predictions (classes, pixel classes, tokens)}, plus for generative models
         "first_token_s" (from the call's start), "tokens" (generated per sample) and
         "prompt_tokens" (per sample)."""
+
+    def capture_serving(self, largest: int) -> None:
+        """After setup_serving on a GPU: serve from now on by replaying CUDA graphs captured
+        for calls of up to `largest` samples (workloads with serving_graphs)."""
+        raise TypeError(f"workload {self.name} serves eagerly only")
 
     @classmethod
     def serving_validation_ids(cls, params: WorkloadParams) -> np.ndarray:

@@ -21,6 +21,7 @@ from torch.utils.data import Dataset
 from raybench.memory import steady_heap
 from raybench.sections import HardwareSpec, MeasureSpec
 from raybench.workloads import Reference, Servable, WorkloadParams, _memory, register
+from raybench.workloads._graphs import GraphedForward
 
 # torchvision is imported where a model or a dataset is built, not here: the sweep's driver
 # imports this module to validate the parameters, and torchvision (with torch._dynamo, which
@@ -64,8 +65,11 @@ def synthetic_image(seed: int, i: int, size: int) -> torch.Tensor:
     return torch.randint(0, 256, (3, size, size), dtype=torch.uint8, generator=g)
 
 
-def normalise(img: torch.Tensor) -> torch.Tensor:
-    mean, std = _MEAN.to(img.device), _STD.to(img.device)
+def normalise(img: torch.Tensor, mean: torch.Tensor = _MEAN, std: torch.Tensor = _STD
+              ) -> torch.Tensor:
+    """uint8 images to normalised floats; `mean` and `std` already on img's device copy
+    nothing from the host (which a CUDA graph's capture could not hold)."""
+    mean, std = mean.to(img.device), std.to(img.device)
     return (img.float().div_(255) - mean) / std
 
 
@@ -111,6 +115,7 @@ class Resnet(Servable):
     Params = ResnetParams
     references = RESNET50_REFERENCES
     params: ResnetParams
+    serving_graphs = True
 
     @classmethod
     def unsupported(cls, params: WorkloadParams, hardware: HardwareSpec
@@ -267,14 +272,27 @@ class Resnet(Servable):
         if self.ctx.inference_dtype is not None:
             self._model.to(self.ctx.inference_dtype)
         self.net = self.ctx.prepare_model(self._model)
+        self._stats = _MEAN.to(self.ctx.device), _STD.to(self.ctx.device)
+        self._graphed: GraphedForward | None = None
 
-    def serve(self, inputs: dict[str, np.ndarray]) -> dict[str, Any]:
-        x = normalise(torch.from_numpy(inputs["image"]).to(self.ctx.device, non_blocking=True))
+    def capture_serving(self, largest: int) -> None:
+        p = self.params
+        sample = torch.zeros(3, p.image_size, p.image_size, dtype=torch.uint8,
+                             device=self.ctx.device)
+        self._graphed = GraphedForward(self._forward, sample, largest)
+
+    def _forward(self, images: torch.Tensor) -> torch.Tensor:
+        """Device uint8 images to top-1 classes: what a serving call runs on the GPU."""
+        x = normalise(images, *self._stats)
         if self.ctx.inference_dtype is not None:
             x = x.to(self.ctx.inference_dtype)
         x = self.ctx.prepare_images(x)
         with torch.no_grad():
-            top1 = self.net(x).argmax(dim=1)
+            return self.net(x).argmax(dim=1)
+
+    def serve(self, inputs: dict[str, np.ndarray]) -> dict[str, Any]:
+        x = torch.from_numpy(inputs["image"]).to(self.ctx.device, non_blocking=True)
+        top1 = (self._graphed or self._forward)(x)
         return {"pred": top1.cpu().numpy()}  # the copy back waits for the device
 
     def describe(self) -> dict[str, Any]:

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Issue 44's device run on the lent H100, from the project root, with `.gpu/s` carried (Ray 2.60
+# and what the GPU image lacks, rasterio included, as one xz archive for Python 3.12, made by
+# ../2026-11-26_h200_ray/slim-bundle.sh; and pytest with its dependencies, for the GPU tests):
+#   bash docs/results/2026-11-26_h100_ray/run.sh DEADLINE_S STEP...
+# runs the steps in order while DEADLINE_S seconds last (a step that would start with under 20 s
+# left is skipped and said so), each under its own time limit. Every step's run directory goes
+# under runs/; after each step runs/ is packed into $OUT/runs.tar.gz (no pages or traces) and
+# the log is $OUT/log.txt, so what ran comes back even when a later step fails or the call's
+# limit cuts it.
+set -u
+here=docs/results/2026-11-26_h100_ray
+sw=${SWEEPS:-$here/sweeps}
+py=${PY:-python3}
+out=${OUT:-/tmp/out}
+mkdir -p "$out" runs
+log=$out/log.txt
+
+step() {
+  case $1 in
+    facts)
+      nvidia-smi -q > runs/nvidia-smi.txt 2>&1
+      nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm,pcie.link.gen.max --format=csv
+      nproc; free -g | head -2
+      $py -c "import sys, torch, ray, pydantic, numpy, pandas, pyarrow
+print(sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda,
+      'cudnn', torch.backends.cudnn.version(), 'nccl', torch.cuda.nccl.version(),
+      'ray', ray.__version__, 'pydantic', pydantic.__version__, 'numpy', numpy.__version__,
+      'pandas', pandas.__version__, 'pyarrow', pyarrow.__version__)
+print(torch.cuda.get_device_name(0), torch.cuda.device_count())"
+      git log -1 --format='code %h %s' 2>/dev/null || true ;;
+    gpu_tests)  # every test marked gpu: skipped on CPU machines, never run before
+      PYTHONPATH=${PYTHONPATH:-}:/tmp/pyt $py -m pytest -q -p no:cacheprovider -m gpu -rs \
+        tests/test_graphs.py tests/test_vit_tiles.py tests/test_worker.py ;;
+    server_graphs) $py -m raybench.sweep $sw/server_graphs.yaml --output runs/server_graphs ;;
+    offline_ray) $py -m raybench.sweep $sw/inference.yaml --output runs/offline_ray ;;
+    ratio_ray) $py -m raybench.sweep $sw/resnet50.yaml --output runs/ratio_ray ;;
+    ratio_local) $py -m raybench.sweep $sw/resnet50.yaml --runner local --output runs/ratio_local ;;
+    validate) $py -m raybench.validate --expect-gpus 1 --output runs/validate ;;
+    *) echo "unknown step $1"; return 2 ;;
+  esac
+}
+
+if [ "${1:-}" = step ]; then step "$2"; exit $?; fi
+
+deadline=$1; shift
+t0=$(date +%s)
+if [ -z "${PY:-}" ] && [ ! -d /tmp/site/ray ]; then
+  mkdir -p /tmp/site /tmp/pyt && tar xJf .gpu/s/site.tar.xz -C /tmp/site
+  tar xJf .gpu/s/pytest.tar.xz -C /tmp/pyt
+  echo "=== unpacked in $(( $(date +%s) - t0 ))s" | tee -a "$log"
+fi
+[ -z "${PY:-}" ] && export PYTHONPATH=/tmp/site:$PWD
+export RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1
+for name in "$@"; do
+  left=$(( deadline - ($(date +%s) - t0) ))
+  case $name in
+    # Ray trials cost ~25-32 s each on the H200 beyond their windows (../2026-11-26_h200_ray)
+    facts) max=30;; gpu_tests|offline_ray|ratio_local) max=100;; server_graphs|ratio_ray) max=150;; validate) max=200;; *) max=150;;
+  esac
+  limit=$(( max < left - 10 ? max : left - 10 ))
+  if [ "$limit" -lt 20 ]; then echo "=== SKIP $name (${left}s left)" | tee -a "$log"; continue; fi
+  echo "=== $name start $(date -u +%T), limit ${limit}s" | tee -a "$log"
+  s=$(date +%s)
+  timeout -k 10 "$limit" bash "$0" step "$name" >> "$log" 2>&1
+  echo "=== $name rc=$? in $(( $(date +%s) - s ))s" | tee -a "$log"
+  tail -n 3 "$log" | grep -h '"raybench"' | cut -c1-300
+  tar czf "$out/runs.tar.gz" --exclude='*.html' --exclude='*.trace.json' runs
+done
