@@ -11,7 +11,8 @@ torch, no files but the margins YAML. Each verdict is `pass`,
 Rules, per GPU: a probe below a share of its datasheet figure (flops.PEAK_TFLOPS,
 PEAK_MEMORY_GB_S); a probe more than a margin below the median of the same GPU model and probe
 in this run (the slow GPU that a DDP step time hides: every rank waits for it); a thermal or
-hardware slowdown during a probe, or an SM clock under load well below the card's maximum;
+hardware slowdown during a probe, or an SM clock under load well below the card's maximum
+that the power cap does not explain;
 health facts out of bounds (uncorrected ECC errors, pages waiting for retirement, a failed row
 remap, a PCIe link narrower or slower than the card's, persistence mode off, a power limit
 below its default). Per node: fewer GPUs than expected, a driver, CUDA or NCCL version unlike
@@ -31,6 +32,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 LEVELS = ("pass", "warn", "fail")
+POWER_CAP = "sw_power_cap"  # telemetry.POWER_CAP: this module imports no torch
 
 
 class Margins(BaseModel):
@@ -52,7 +54,8 @@ class Margins(BaseModel):
         20.0, gt=0, lt=100, description="this far below its peers it fails")
     clock_of_max_warn_pct: float = Field(
         75.0, gt=0, le=100, description="an SM clock under a probe's load below this share of "
-        "the card's maximum warns (a power or thermal limit holding it down)")
+        "the card's maximum warns, unless the power cap held it there (a clock setting, a "
+        "slowdown NVML does not name: thermal and hardware slowdowns fail on their own)")
 
 
 class MarginsError(ValueError):
@@ -236,7 +239,12 @@ def _under_load(v: Verdict, row: pd.Series, nodes: dict[str, dict[str, Any]], m:
     facts = next((g for g in (nodes.get(ip) or {}).get("gpus") or []
                   if int(g["index"]) == index), {})
     top = (facts.get("health") or {}).get("sm_clock_max_mhz")
-    if judge_clock and clock and top and 100.0 * clock / top < m.clock_of_max_warn_pct:
+    # A clock the power cap held down is the card working as designed: a dense bf16 GEMM on
+    # the lent H200 ran at 1,473-1,577 MHz of 1,980 under its default 700 W limit (the health
+    # rules judge a limit set below its default, and the datasheet rule the figure reached)
+    capped = POWER_CAP in str(row.get("gpu/throttle_reasons") or "").split(",")
+    if judge_clock and clock and top and not capped \
+            and 100.0 * clock / top < m.clock_of_max_warn_pct:
         v.add("warn", f"SM clock {clock:.0f} MHz under the {probe} probe, "
               f"{100 * clock / top:.0f}% of the card's {top:g} MHz")
 

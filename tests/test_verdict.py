@@ -115,6 +115,28 @@ def test_a_slowdown_or_a_held_clock_under_load():
         gpus["10.0.0.1 GPU 1"].reasons[0]
 
 
+def test_a_clock_the_power_cap_holds_down_passes():
+    # the lent H200's validation (2026-11-26): bf16 and fp16 GEMMs at 1,473-1,577 MHz of 1,980,
+    # sw_power_cap 95% of the window, at the default 700 W limit: a healthy card
+    rows = probe_rows(["10.0.0.1"], 2)
+    matmul = rows["workload.name"] == "matmul"
+    rows["gpu/throttle_reasons"] = None
+    rows.loc[matmul, "gpu/sm_clock_mean_mhz"] = 1473.0
+    rows.loc[matmul & (rows["cluster/rank_gpus"] == "0"), "gpu/throttle_reasons"] = \
+        "sw_power_cap"
+    gpus = by_subject(judge({"10.0.0.1": node(2)}, rows, Margins())[0])
+    assert gpus["10.0.0.1 GPU 0"].level == "pass", gpus["10.0.0.1 GPU 0"].reasons
+    # the same clock with no power cap among the reasons (a clock lock, say) still warns
+    assert gpus["10.0.0.1 GPU 1"].level == "warn" and "74% of the card's 1980 MHz" in \
+        gpus["10.0.0.1 GPU 1"].reasons[0]
+    # and a power limit set below its default is a health fault of its own
+    low = node(2)
+    low["gpus"][0]["health"] = {**low["gpus"][0]["health"], "power_limit_w": 500.0}
+    low["gpus"][0]["power_limit_w"] = 500.0
+    gpu0 = by_subject(judge({"10.0.0.1": low}, rows, Margins())[0])["10.0.0.1 GPU 0"]
+    assert gpu0.level != "pass" and any("power limit" in r for r in gpu0.reasons), gpu0.reasons
+
+
 def test_nccl_over_sockets_beside_an_rdma_device_fails_the_node():
     rows = pd.concat([probe_rows(["10.0.0.1", "10.0.0.2"], 1), pd.DataFrame([{
         "status": "ok", "workload.name": "allreduce", "perf/headline_metric": None,
