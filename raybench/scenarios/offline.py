@@ -1,8 +1,9 @@
 """The Offline scenario: every sample of a dataset through the replicas, as fast as they go.
 
-Owns the two ways of running it (Ray Data: a pool of input batches made before the pass, handed
-out by tasks, `map_batches` over a fixed pool of replica actors, one GPU each where the trial has
-GPUs; in-process: the same pool, one thread per replica pulling batches from a shared queue)
+Owns the two ways of running it (Ray Data: `map_batches` of the sample ids over a fixed pool of
+replica actors, one GPU each where the trial has GPUs, each replica taking its batch's inputs
+from a pool made before the pass and held in Ray's object store; in-process: the same pool,
+one thread per replica pulling batches from a shared queue)
 and the figures (pure `summarize`): throughput over the timed pass (first batch start to last
 batch end, on one clock: `pass_seconds`), each replica's rate while busy, per-node throughput,
 utilisation, batch latency, agreement with the reference and the projected time of a dataset of
@@ -165,8 +166,8 @@ def run_local(trial: TrialSpec, devices: list[Any]) -> tuple[list[dict], list[di
 
     Inputs are made before the pass (pool_batches, then cycled): making a ResNet batch on one
     core takes longer than an H100 takes to classify it. So this measures the replicas with
-    inputs in host memory (copies to the device included); the Ray path measures them with
-    the same inputs handed over by Ray Data's tasks."""
+    inputs in host memory (copies to the device included), as the Ray path does with the
+    same inputs in its node's object store."""
     inf, b = trial.inference, trial.workload.batch_size
     replicas = [Replica(trial, i, device) for i, device in enumerate(devices)]
     chunks = [np.arange(lo, min(lo + b, inf.samples)) for lo in range(0, inf.samples, b)]
@@ -204,14 +205,16 @@ def run_local(trial: TrialSpec, devices: list[Any]) -> tuple[list[dict], list[di
 
 def run_ray(trial: TrialSpec, start_timeout_s: float, logical_gpus: bool = False
             ) -> tuple[list[dict], list[dict]]:
-    """Offline pass on Ray Data: input tasks -> fixed actor pool of replicas -> driver.
+    """Offline pass on Ray Data: sample ids -> fixed actor pool of replicas -> driver.
 
     As in-process (run_local) and as MLPerf's LoadGen has its sample library load samples into
     memory before the timed run, the inputs are made before the pass: `pool_batches` distinct
-    batches, made by tasks and held in the object store; the pass's input tasks hand them out
-    in turn. Made during the pass, synthetic inputs measured their maker: on the lent H200 a
-    ResNet-50 replica that served 7,674 samples/s while busy got 4,420 samples/s from 13 tasks
-    making images (busy 57.6%)."""
+    batches (and the short last one), made by tasks and held in Ray's object store, cycled in
+    turn. Ray Data carries only the ids; each replica takes its batch's inputs from the store
+    itself (`ray.get`: zero-copy on the replica's node, one transfer on another node). Handed
+    over as Ray Data blocks, every 38.5 MB ResNet batch was copied into a block by a task and
+    out of it in the replica: on the lent H200 a replica serving 7,843 samples/s while busy got
+    3,658 samples/s (busy 46.6%); the input operator, not the tasks' own 5.8 ms, held it back."""
     import ray
 
     ctx = ray.data.DataContext.get_current()
@@ -223,24 +226,22 @@ def run_ray(trial: TrialSpec, start_timeout_s: float, logical_gpus: bool = False
     ctx.execution_no_progress_timeout_s = start_timeout_s + 600
     ctx.actor_init_retry_on_errors = False
     inf, hw, b = trial.inference, trial.hardware, trial.workload.batch_size
-    # Sample ids come from the driver (from_items: no read task) and inputs are made by
-    # 0-CPU tasks: replicas may hold every CPU of the cluster (a read or input task asking for
-    # one would then never be scheduled, and the pipeline would stall; seen with replicas of
-    # 1.45 CPUs on 3).
+    # Sample ids come from the driver (from_items: no read task), and inputs are made by 0-CPU
+    # tasks: replicas may hold every CPU of the cluster (a task asking for one would then
+    # never be scheduled; seen with replicas of 1.45 CPUs on 3).
     ids = [{"id": i} for i in range(inf.samples)]
     ds = ray.data.from_items(ids, override_num_blocks=max(1, min(math.ceil(inf.samples / b),
                                                                  256)))
     make = ray.remote(num_cpus=0)(_made)
     pool = [make.remote(trial, np.arange(lo, lo + b))
             for lo in range(0, pool_batches(trial) * b, b)]
-    ray.wait(pool, num_returns=len(pool), fetch_local=False)
-    # ...and a bounded number of them at a time (input_tasks): unbounded 0-CPU tasks each start
-    # a worker process, and on a small node those start-ups starved the replicas for seconds.
-    tasks = input_tasks(inf.replicas, hw.cpus_per_worker, ray.cluster_resources().get("CPU", 0))
-    ds = ds.map_batches(_inputs, fn_kwargs={"t": trial, "pool": pool}, batch_size=b,
-                        num_cpus=0, compute=ray.data.TaskPoolStrategy(size=tasks))
+    short = inf.samples % b
+    tail = make.remote(trial, np.arange(inf.samples - short, inf.samples)) if short else None
+    ray.wait([*pool, *([tail] if tail else [])], num_returns=len(pool) + bool(tail),
+             fetch_local=False)
     ds = ds.map_batches(
-        _RayReplica, fn_constructor_kwargs={"trial": trial, "logical_gpus": logical_gpus},
+        _RayReplica, fn_constructor_kwargs={"trial": trial, "logical_gpus": logical_gpus,
+                                            "pool": pool, "tail": tail},
         batch_size=b, compute=ray.data.ActorPoolStrategy(size=inf.replicas),
         num_cpus=hw.cpus_per_worker, num_gpus=1 if hw.use_gpu else 0, **env_option(hw.env))
     rows = []
@@ -251,14 +252,6 @@ def run_ray(trial: TrialSpec, start_timeout_s: float, logical_gpus: bool = False
     # replica's idle share is read from
     log.info("offline pass of trial %s on Ray Data:\n%s", trial.key, ds.stats())
     return _unpack(rows)
-
-
-def input_tasks(replicas: int, cpus_per_replica: float, cluster_cpus: float) -> int:
-    """Input tasks at a time: one per CPU the replicas leave free, and at least one per
-    replica (a small node's replicas may hold every CPU). With one per replica, a ResNet-50
-    replica on the lent H200 got 994 samples/s from its input task and served 8,985 samples/s
-    while busy: it waited 89% of the pass."""
-    return max(replicas, int(cluster_cpus - replicas * cpus_per_replica))
 
 
 def env_option(env: dict[str, str]) -> dict[str, Any]:
@@ -302,32 +295,26 @@ def _made(t: TrialSpec, ids: np.ndarray) -> dict[str, np.ndarray]:
     return {"id": ids, **workloads.get(t.workload_name).serving_inputs(t.workload, ids)}
 
 
-def _inputs(batch: dict[str, np.ndarray], t: TrialSpec, pool: list) -> dict[str, np.ndarray]:
-    """The pass's batch of these ids as `pool_turn` picks it (a pool batch brings its own
-    samples, so its ids), with `check` for the replica."""
-    import ray
-
-    ids = batch["id"]
-    k, check = pool_turn(ids, t.workload.batch_size, len(pool))
-    return {**(_made(t, ids) if k is None else ray.get(pool[k])),
-            "check": np.full(len(ids), check)}
-
-
 class _RayReplica:
     """Ray Data's callable class around a Replica; one row per sample, batch facts repeated."""
 
-    def __init__(self, trial: TrialSpec, logical_gpus: bool):
+    def __init__(self, trial: TrialSpec, logical_gpus: bool, pool: list, tail: Any):
         import ray
 
         rt = ray.get_runtime_context()
         self.replica = Replica(trial, index=rt.get_actor_id()[:12],
                                node=ray.util.get_node_ip_address(), logical_gpus=logical_gpus)
-        self.seq = 0
+        self.pool, self.tail, self.seq = pool, tail, 0  # object refs: not resolved until used
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        ids = batch["id"]
-        inputs = {k: v for k, v in batch.items() if k not in ("id", "check")}
-        rec = self.replica.serve(ids, inputs, check=bool(batch["check"][0]))
+        import ray
+
+        # the pass's batch as `pool_turn` picks it; a pool batch brings its own samples, so
+        # its ids (the accuracy check compares those with the reference)
+        k, check = pool_turn(batch["id"], self.replica.trial.workload.batch_size, len(self.pool))
+        inputs = dict(ray.get(self.pool[k] if k is not None else self.tail))
+        ids = inputs.pop("id")
+        rec = self.replica.serve(ids, inputs, check=check)
         self.seq += 1
         facts = {**rec, **{f"stat_{k}": v for k, v in self.replica.stats().items()},
                  "seq": self.seq}

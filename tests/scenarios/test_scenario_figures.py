@@ -121,20 +121,12 @@ def test_the_pass_is_timed_on_one_clock_across_nodes():
     assert m["infer/samples_per_s"] == pytest.approx(40 / 0.6)
 
 
-def test_offline_inputs_use_the_cpus_the_replicas_leave():
-    # the lent H200's node: 17 Ray CPUs, one replica of 4 (one input task starved it: busy 11%)
-    assert offline.input_tasks(1, 4.0, 17.0) == 13
-    # small nodes whose replicas hold every CPU still get one input task per replica
-    assert offline.input_tasks(2, 3.0, 6.0) == 2
-    assert offline.input_tasks(2, 1.5, 3.0) == 2
-    assert offline.input_tasks(1, 1.0, 3.0) == 2
-
-
 def test_offline_inputs_are_made_before_the_pass_and_handed_out_in_turn(monkeypatch):
     """The Ray pass cycles a pool of batches made before it (on the lent H200, inputs made
-    during the pass held a replica to 57.6% busy): each full batch gets the pool's batch in
-    turn, with the pool's ids (its samples), compared with the reference on first use only; a
-    batch of another size gets inputs of its own."""
+    during the pass held a replica to 57.6% busy), which each replica takes from the object
+    store itself: each full batch gets the pool's batch in turn, with the pool's ids (its
+    samples), compared with the reference on first use only; the short last batch gets the
+    inputs made for it."""
     import ray
 
     t = trial(scenario="offline", samples=18, accuracy_target=0.9, accuracy_samples=12)
@@ -143,17 +135,30 @@ def test_offline_inputs_are_made_before_the_pass_and_handed_out_in_turn(monkeypa
     assert offline.pool_batches(t) == offline.POOL_BATCHES
     t = trial(scenario="offline", samples=400, accuracy_target=0.9, accuracy_samples=60)
     assert offline.pool_batches(t) == 15  # the accuracy samples fill 15 batches of 4
-    pool = [offline._made(t, np.arange(lo, lo + 4)) for lo in range(0, 12, 4)]
-    monkeypatch.setattr(ray, "get", lambda ref: ref)
+    monkeypatch.setattr(ray, "get", lambda ref: ref)  # the refs stand for what they hold
     seen = []
+
+    class Served:
+        trial = t
+
+        def serve(self, ids, inputs, check):
+            assert list(inputs) == ["x"] and len(inputs["x"]) == len(ids)
+            seen.append((list(ids), check))
+            return {"replica": 0, "n": len(ids)}
+
+        def stats(self):
+            return {"setup_s": 0.0}
+
+    replica = object.__new__(offline._RayReplica)
+    replica.replica, replica.seq = Served(), 0
+    replica.pool = [{"id": np.arange(lo, lo + 4), "x": np.zeros(4)} for lo in range(0, 12, 4)]
+    replica.tail = {"id": np.array([24, 25]), "x": np.zeros(2)}
     for lo in range(0, 26, 4):
-        out = offline._inputs({"id": np.arange(lo, min(lo + 4, 26))}, t, pool)
-        seen.append((list(out["id"]), bool(out["check"].all()), bool(out["check"].any())))
-    assert seen[:3] == [([0, 1, 2, 3], True, True), ([4, 5, 6, 7], True, True),
-                        ([8, 9, 10, 11], True, True)]
-    assert seen[3:6] == [([0, 1, 2, 3], False, False), ([4, 5, 6, 7], False, False),
-                         ([8, 9, 10, 11], False, False)]
-    assert seen[6] == ([24, 25], True, True)  # the short last batch: its own samples
+        out = replica({"id": np.arange(lo, min(lo + 4, 26))})
+        assert list(out["id"]) == seen[-1][0]  # the rows carry the samples served
+    assert seen[:3] == [([0, 1, 2, 3], True), ([4, 5, 6, 7], True), ([8, 9, 10, 11], True)]
+    assert seen[3:6] == [([0, 1, 2, 3], False), ([4, 5, 6, 7], False), ([8, 9, 10, 11], False)]
+    assert seen[6] == ([24, 25], True)  # the short last batch: its own samples
 
 
 def test_offline_figures_from_records():

@@ -34,6 +34,11 @@ print(torch.cuda.get_device_name(0), torch.cuda.device_count())"
         tests/test_graphs.py tests/test_vit_tiles.py tests/test_worker.py ;;
     server_graphs) $py -m raybench.sweep $sw/server_graphs.yaml --output runs/server_graphs ;;
     offline_ray) $py -m raybench.sweep $sw/inference.yaml --output runs/offline_ray ;;
+    offline_local) $py -m raybench.sweep $sw/inference.yaml --runner local --output runs/offline_local ;;
+    server_local) $py -m raybench.sweep $sw/server_graphs.yaml --runner local --output runs/server_local ;;
+    server_batch)  # dynamic batching: a free replica takes up to 8 waiting queries in one call
+      $py -m raybench.sweep $sw/server_graphs.yaml --output runs/server_batch \
+        --set inference.max_batch_queries=8 ;;
     ratio_ray) $py -m raybench.sweep $sw/resnet50.yaml --output runs/ratio_ray ;;
     ratio_local) $py -m raybench.sweep $sw/resnet50.yaml --runner local --output runs/ratio_local ;;
     validate) $py -m raybench.validate --expect-gpus 1 --output runs/validate ;;
@@ -56,7 +61,7 @@ for name in "$@"; do
   left=$(( deadline - ($(date +%s) - t0) ))
   case $name in
     # Ray trials cost ~25-32 s each on the H200 beyond their windows (../2026-11-26_h200_ray)
-    facts) max=30;; gpu_tests|offline_ray|ratio_local) max=100;; server_graphs|ratio_ray) max=150;; validate) max=200;; *) max=150;;
+    facts) max=30;; gpu_tests|offline_ray|offline_local|ratio_local) max=100;; server_graphs|server_local|server_batch|ratio_ray) max=150;; validate) max=200;; *) max=150;;
   esac
   limit=$(( max < left - 10 ? max : left - 10 ))
   if [ "$limit" -lt 20 ]; then echo "=== SKIP $name (${left}s left)" | tee -a "$log"; continue; fi
