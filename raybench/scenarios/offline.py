@@ -205,12 +205,12 @@ def run_local(trial: TrialSpec, devices: list[Any]) -> tuple[list[dict], list[di
 
 def run_ray(trial: TrialSpec, start_timeout_s: float, logical_gpus: bool = False
             ) -> tuple[list[dict], list[dict]]:
-    """Offline pass on Ray Data: sample ids -> fixed actor pool of replicas -> driver.
+    """Offline pass on Ray Data: batch numbers -> fixed actor pool of replicas -> driver.
 
     As in-process (run_local) and as MLPerf's LoadGen has its sample library load samples into
     memory before the timed run, the inputs are made before the pass: `pool_batches` distinct
     batches (and the short last one), made by tasks and held in Ray's object store, cycled in
-    turn. Ray Data carries only the ids; each replica takes its batch's inputs from the store
+    turn. Ray Data carries only batch numbers; each replica takes its batch's inputs from the store
     itself (`ray.get`: zero-copy on the replica's node, one transfer on another node). Handed
     over as Ray Data blocks, every 38.5 MB ResNet batch was copied into a block by a task and
     out of it in the replica: on the lent H200 a replica serving 7,843 samples/s while busy got
@@ -226,12 +226,13 @@ def run_ray(trial: TrialSpec, start_timeout_s: float, logical_gpus: bool = False
     ctx.execution_no_progress_timeout_s = start_timeout_s + 600
     ctx.actor_init_retry_on_errors = False
     inf, hw, b = trial.inference, trial.hardware, trial.workload.batch_size
-    # Sample ids come from the driver (from_items: no read task), and inputs are made by 0-CPU
-    # tasks: replicas may hold every CPU of the cluster (a task asking for one would then
-    # never be scheduled; seen with replicas of 1.45 CPUs on 3).
-    ids = [{"id": i} for i in range(inf.samples)]
-    ds = ray.data.from_items(ids, override_num_blocks=max(1, min(math.ceil(inf.samples / b),
-                                                                 256)))
+    # The pass's batch numbers come from the driver (from_items: no read task), one replica
+    # call each: Ray Data cuts batches of sample ids at its blocks' edges, so batch_size alone
+    # gave calls of other sizes (1,000 samples in 16 blocks: 62 or 63 ids each). Inputs are
+    # made by 0-CPU tasks: replicas may hold every CPU of the cluster (a task asking for one
+    # would then never be scheduled; seen with replicas of 1.45 CPUs on 3).
+    numbers = [{"batch": j} for j in range(math.ceil(inf.samples / b))]
+    ds = ray.data.from_items(numbers, override_num_blocks=max(1, min(len(numbers), 256)))
     make = ray.remote(num_cpus=0)(_made)
     pool = [make.remote(trial, np.arange(lo, lo + b))
             for lo in range(0, pool_batches(trial) * b, b)]
@@ -242,7 +243,7 @@ def run_ray(trial: TrialSpec, start_timeout_s: float, logical_gpus: bool = False
     ds = ds.map_batches(
         _RayReplica, fn_constructor_kwargs={"trial": trial, "logical_gpus": logical_gpus,
                                             "pool": pool, "tail": tail},
-        batch_size=b, compute=ray.data.ActorPoolStrategy(size=inf.replicas),
+        batch_size=1, compute=ray.data.ActorPoolStrategy(size=inf.replicas),
         num_cpus=hw.cpus_per_worker, num_gpus=1 if hw.use_gpu else 0, **env_option(hw.env))
     rows = []
     for row in ds.iter_rows():  # as they reach the driver: its clock times the pass
@@ -291,8 +292,10 @@ def pool_turn(ids: np.ndarray, batch_size: int, pool_size: int) -> tuple[int | N
     return turn % pool_size, turn < pool_size
 
 
-def _made(t: TrialSpec, ids: np.ndarray) -> dict[str, np.ndarray]:
-    return {"id": ids, **workloads.get(t.workload_name).serving_inputs(t.workload, ids)}
+def _made(t: TrialSpec, ids: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """A pool batch: its sample ids, and their inputs (whose names are the workload's own:
+    fixed_service's input is called `id`)."""
+    return ids, workloads.get(t.workload_name).serving_inputs(t.workload, ids)
 
 
 class _RayReplica:
@@ -311,9 +314,10 @@ class _RayReplica:
 
         # the pass's batch as `pool_turn` picks it; a pool batch brings its own samples, so
         # its ids (the accuracy check compares those with the reference)
-        k, check = pool_turn(batch["id"], self.replica.trial.workload.batch_size, len(self.pool))
-        inputs = dict(ray.get(self.pool[k] if k is not None else self.tail))
-        ids = inputs.pop("id")
+        j, b = int(batch["batch"][0]), self.replica.trial.workload.batch_size
+        wanted = np.arange(j * b, min((j + 1) * b, self.replica.trial.inference.samples))
+        k, check = pool_turn(wanted, b, len(self.pool))
+        ids, inputs = ray.get(self.pool[k] if k is not None else self.tail)
         rec = self.replica.serve(ids, inputs, check=check)
         self.seq += 1
         facts = {**rec, **{f"stat_{k}": v for k, v in self.replica.stats().items()},

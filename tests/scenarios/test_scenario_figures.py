@@ -139,7 +139,7 @@ def test_offline_inputs_are_made_before_the_pass_and_handed_out_in_turn(monkeypa
     seen = []
 
     class Served:
-        trial = t
+        trial = trial(scenario="offline", samples=26)  # 6 batches of 4 and one of 2
 
         def serve(self, ids, inputs, check):
             assert list(inputs) == ["x"] and len(inputs["x"]) == len(ids)
@@ -151,10 +151,10 @@ def test_offline_inputs_are_made_before_the_pass_and_handed_out_in_turn(monkeypa
 
     replica = object.__new__(offline._RayReplica)
     replica.replica, replica.seq = Served(), 0
-    replica.pool = [{"id": np.arange(lo, lo + 4), "x": np.zeros(4)} for lo in range(0, 12, 4)]
-    replica.tail = {"id": np.array([24, 25]), "x": np.zeros(2)}
-    for lo in range(0, 26, 4):
-        out = replica({"id": np.arange(lo, min(lo + 4, 26))})
+    replica.pool = [(np.arange(lo, lo + 4), {"x": np.zeros(4)}) for lo in range(0, 12, 4)]
+    replica.tail = (np.array([24, 25]), {"x": np.zeros(2)})
+    for j in range(7):  # batch numbers, as Ray Data hands them over
+        out = replica({"batch": np.array([j])})
         assert list(out["id"]) == seen[-1][0]  # the rows carry the samples served
     assert seen[:3] == [([0, 1, 2, 3], True), ([4, 5, 6, 7], True), ([8, 9, 10, 11], True)]
     assert seen[3:6] == [([0, 1, 2, 3], False), ([4, 5, 6, 7], False), ([8, 9, 10, 11], False)]
