@@ -278,3 +278,25 @@ def test_training_trial_keys_do_not_change_with_the_inference_section_absent():
     assert t.key == hashlib.sha256(blob.encode()).hexdigest()[:12]
     assert t.inference is None and "inference.replicas" not in t.config()
     assert math.isfinite(t.resources()["total"]["CPU"])
+
+
+def test_replicas_warm_every_call_size_the_scenario_will_send(monkeypatch):
+    """Each new input shape's first call pays for cuDNN's autotuning: a replica warms the
+    Server's joined queries (1 to max_batch_queries of query_samples) and the Offline pass's
+    short last batch before it is timed, besides its full batch."""
+    from raybench.scenarios.replica import Replica
+    from raybench.workloads.fixed_service import FixedService
+
+    calls = []
+    monkeypatch.setattr(FixedService, "_work", lambda self, n: calls.append(n))
+    t = expand(validate_sweep({**BASE, "workload": {**BASE["workload"], "batch_size": 8},
+                               "inference": {"scenario": "server", "rate_qps": 5,
+                                             "query_samples": 2, "max_batch_queries": 4}}))[0]
+    r = Replica(t)
+    assert r._other_call_sizes() == [2, 4, 6]
+    # the FLOP count's call, the two timed warmups of a full batch, then each other size
+    assert calls == [8, 8, 8, 2, 2, 4, 4, 6, 6] and len(r.warmup_s) == 2
+    calls.clear()
+    r = Replica(trial(scenario="offline", samples=18, warmup_batches=1))
+    assert r._other_call_sizes() == [2] and calls == [4, 4, 2]
+    assert Replica(trial(scenario="offline", samples=16))._other_call_sizes() == []
