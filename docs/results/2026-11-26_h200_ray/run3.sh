@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# Issue 44's device run on the lent H100, from the project root, with `.gpu/s` carried (Ray 2.60
-# and what the GPU image lacks, rasterio included, as one xz archive for Python 3.12, made by
-# ../2026-11-26_h200_ray/slim-bundle.sh; and pytest with its dependencies, for the GPU tests):
-#   bash docs/results/2026-11-26_h100_ray/run.sh DEADLINE_S STEP...
+# Issue 44's third device run (an H200: the device tool's H100 was not free), from the project
+# root, with `.gpu/s` carried (Ray 2.60 and what the GPU image lacks, rasterio included, as one
+# xz archive for Python 3.12, made by slim-bundle.sh; and pytest with its dependencies, for the
+# GPU tests, as pytest.tar.xz: `pip install --target DIR pytest`, then `tar cJf` of DIR):
+#   bash docs/results/2026-11-26_h200_ray/run3.sh DEADLINE_S STEP...
+# (it ran as docs/results/2026-11-26_h100_ray/run.sh, with its sweeps in sweeps/ beside it)
 # runs the steps in order while DEADLINE_S seconds last (a step that would start with under 20 s
 # left is skipped and said so), each under its own time limit. Every step's run directory goes
 # under runs/; after each step runs/ is packed into $OUT/runs.tar.gz (no pages or traces) and
 # the log is $OUT/log.txt, so what ran comes back even when a later step fails or the call's
 # limit cuts it.
 set -u
-here=docs/results/2026-11-26_h100_ray
-sw=${SWEEPS:-$here/sweeps}
+here=docs/results/2026-11-26_h200_ray
+sw=${SWEEPS:-$here/sweeps3}
 py=${PY:-python3}
 out=${OUT:-/tmp/out}
 mkdir -p "$out" runs
@@ -60,7 +62,7 @@ export RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1
 for name in "$@"; do
   left=$(( deadline - ($(date +%s) - t0) ))
   case $name in
-    # Ray trials cost ~25-32 s each on the H200 beyond their windows (../2026-11-26_h200_ray)
+    # Ray trials cost ~25-32 s each on the H200 beyond their windows (README.md)
     facts) max=30;; gpu_tests|offline_ray|offline_local|ratio_local) max=100;; server_graphs|server_local|server_batch|ratio_ray) max=150;; validate) max=200;; *) max=150;;
   esac
   limit=$(( max < left - 10 ? max : left - 10 ))
