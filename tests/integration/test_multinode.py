@@ -101,15 +101,16 @@ def test_pack_runs_one_gpu_trials_side_by_side_on_different_gpus(two_nodes, tmp_
 # suite's per-node trials on two nodes (tests/integration/test_validate.py), which run it anyway
 
 
-# 256 samples, 32 batches for the two replicas: with 64 (8 batches) and a busy process on each
-# core, one replica took every batch before the other's first, and the row named one node
+# 260 samples, 32 batches and a short one of 4 for the two replicas: with 64 (8 batches) and a
+# busy process on each core, one replica took every batch before the other's first, and the row
+# named one node
 INFERENCE = """
 name: multinode_inference
 system: {label: two-nodes, nodes: 2, gpus_per_node: 2}
 workload: {name: resnet, depth: 18, image_size: 32, num_classes: 10, batch_size: 8}
 hardware: {num_gpus: 1, cpus_per_worker: 3}
 execution: {logical_gpus: true, start_timeout_s: 60}
-inference: {replicas: 2, samples: 256, project_samples: 13368, accuracy_target: 0.99,
+inference: {replicas: 2, samples: 260, project_samples: 13368, accuracy_target: 0.99,
             accuracy_samples: 32, latency_bound_ms: 3000, probe_seconds: 1, min_queries: 40,
             rate_tolerance_pct: 25}
 grid: {scenario: [offline, server]}
@@ -134,7 +135,8 @@ def test_inference_replicas_on_both_nodes_offline_and_server(two_nodes, tmp_path
     per_node = json.loads(off["infer/node_samples_per_s"])
     assert set(per_node) == {"127.0.0.2", "127.0.0.3"}
     assert sum(per_node.values()) == pytest.approx(off["infer/samples_per_s"])
-    assert off["infer/replicas_used"] == 2 and off["infer/samples"] == 256
+    # every sample served, the short last batch's too (each call serves one batch number)
+    assert off["infer/replicas_used"] == 2 and off["infer/samples"] == 260
     assert off["infer/accuracy"] == 1.0 and srv["infer/accuracy_ok"]
     detail = json.loads(next((out / "trials").glob("0000_*.json")).read_text())
     assert sorted(collections_count(r["node"] for r in detail["ranks"]).values()) == [1, 1]

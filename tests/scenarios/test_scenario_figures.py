@@ -142,7 +142,8 @@ def test_offline_inputs_are_made_before_the_pass_and_handed_out_in_turn(monkeypa
         trial = trial(scenario="offline", samples=26)  # 6 batches of 4 and one of 2
 
         def serve(self, ids, inputs, check):
-            assert list(inputs) == ["x"] and len(inputs["x"]) == len(ids)
+            # fixed_service's one input is named `id`, like the rows' column (it broke the pass)
+            assert list(inputs) == ["id"] and list(inputs["id"]) == list(ids)
             seen.append((list(ids), check))
             return {"replica": 0, "n": len(ids)}
 
@@ -151,8 +152,8 @@ def test_offline_inputs_are_made_before_the_pass_and_handed_out_in_turn(monkeypa
 
     replica = object.__new__(offline._RayReplica)
     replica.replica, replica.seq = Served(), 0
-    replica.pool = [(np.arange(lo, lo + 4), {"x": np.zeros(4)}) for lo in range(0, 12, 4)]
-    replica.tail = (np.array([24, 25]), {"x": np.zeros(2)})
+    replica.pool = [offline._made(Served.trial, np.arange(lo, lo + 4)) for lo in range(0, 12, 4)]
+    replica.tail = offline._made(Served.trial, np.array([24, 25]))
     for j in range(7):  # batch numbers, as Ray Data hands them over
         out = replica({"batch": np.array([j])})
         assert list(out["id"]) == seen[-1][0]  # the rows carry the samples served
