@@ -12,6 +12,7 @@ utilisation, batch latency, agreement with the reference and the projected time 
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -43,6 +44,9 @@ declare(
     Metric("infer/node_samples_per_s", "samples/s", "each node's rate (JSON {node: rate})"),
     Metric("infer/busy_pct", "%", "replicas' service time over replicas x the pass"),
     Metric("infer/batch_p{q}_ms", "ms", "service time of a batch, percentile"),
+    Metric("infer/replica_wait_p{q}_ms", "ms", "a replica's idle time between one call's end "
+           "and its next call's start (on its own clock), percentile: the hand-over a busy "
+           "share under 100% is made of"),
     Metric("infer/setup_s", "s", "slowest replica's start-up (model, warmup)"),
     Metric("infer/project_samples", "count", "the dataset size projected to"),
     Metric("infer/projected_s", "s", "start-up plus project_samples at the measured rate"),
@@ -92,6 +96,11 @@ def summarize(records: list[dict[str, Any]], stats: list[dict[str, Any]], trial:
         "infer/batch_p99_ms": float(np.percentile(batch_ms, 99)),
         "infer/setup_s": setup,
     }
+    waits = np.array([b["t_start"] - a["t_end"] for rs in by_replica.values()
+                      for a, b in itertools.pairwise(sorted(rs, key=lambda r: r["t_start"]))])
+    if waits.size:
+        out["infer/replica_wait_p50_ms"] = float(np.percentile(waits, 50)) * 1e3
+        out["infer/replica_wait_p90_ms"] = float(np.percentile(waits, 90)) * 1e3
     if inf.project_samples:
         out["infer/project_samples"] = inf.project_samples
         out["infer/projected_s"] = setup + inf.project_samples / rate

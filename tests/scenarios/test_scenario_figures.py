@@ -119,6 +119,9 @@ def test_the_pass_is_timed_on_one_clock_across_nodes():
     m = offline.summarize(recs, [{"setup_s": 1.0, "rss_peak_mb": 1.0, "device_name": "cpu"}] * 2,
                           trial(scenario="offline", replicas=2, samples=40))
     assert m["infer/samples_per_s"] == pytest.approx(40 / 0.6)
+    # each replica's wait between calls is read on its own clock: no skew in it
+    assert m["infer/replica_wait_p50_ms"] == pytest.approx(25.0)
+    assert m["infer/replica_wait_p90_ms"] == pytest.approx(25.0)
 
 
 def test_offline_inputs_are_made_before_the_pass_and_handed_out_in_turn(monkeypatch):
