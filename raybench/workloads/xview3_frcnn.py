@@ -212,8 +212,9 @@ _serving_lock = threading.Lock()  # a ChipSet caches one row group: one reader a
 
 
 def serving_chips(p: FrcnnParams) -> ChipSet:
-    """The validation chips, cut on first use on this node. Under a file lock: a Ray trial's
-    input tasks and replicas start at once, and two cutters would rewrite the same index."""
+    """The validation chips, cut on first use on this node. Under a file lock: several
+    processes of a node (a trial's input-making tasks, its replicas) may start cutting at once,
+    and two cutters would rewrite the same index."""
     from raybench.data.stage import prepare_local, variant_key
 
     spec = chip_spec(p, "validation")
