@@ -44,6 +44,19 @@ print(torch.cuda.get_device_name(0), torch.cuda.device_count())"
     ratio_ray) $py -m raybench.sweep $sw/resnet50.yaml --output runs/ratio_ray ;;
     ratio_local) $py -m raybench.sweep $sw/resnet50.yaml --runner local --output runs/ratio_local ;;
     validate) $py -m raybench.validate --expect-gpus 1 --output runs/validate ;;
+    # For the next GPU session (not run on 2026-11-26): the ratio with repeated windows for tf32
+    # and the ViT-L tiles, and issue 42's throughput against torchrun and the bare loop
+    ratio_tf32_ray|ratio_tf32_local)
+      runner=ray; [ $1 = ratio_tf32_local ] && runner=local
+      $py -m raybench.sweep $sw/resnet50.yaml --runner $runner --output runs/$1 \
+        --set hardware.precision=tf32 ;;
+    vit_ratio_ray|vit_ratio_local)
+      runner=ray; [ $1 = vit_ratio_local ] && runner=local
+      $py -m raybench.sweep $here/sweeps/vit_tiles.yaml --runner $runner --output runs/$1 \
+        --set measure.repeats=3 ;;
+    overhead)  # Ray, torchrun and the bare loop, alternating rounds, ResNet-50 bf16 through the loader
+      $py -m raybench.bench overhead $sw/resnet50.yaml --rounds 3 --set 'grid={batch_size: [256]}' \
+        --set workload.data=synthetic --set hardware.dataloader_workers=8 ${OVERHEAD_SETS:-} ;;
     *) echo "unknown step $1"; return 2 ;;
   esac
 }
@@ -63,7 +76,7 @@ for name in "$@"; do
   left=$(( deadline - ($(date +%s) - t0) ))
   case $name in
     # Ray trials cost ~25-32 s each on the H200 beyond their windows (README.md)
-    facts) max=30;; gpu_tests|offline_ray|offline_local|ratio_local) max=100;; server_graphs|server_local|server_batch|ratio_ray) max=150;; validate) max=200;; *) max=150;;
+    facts) max=30;; gpu_tests|offline_ray|offline_local|ratio_local|ratio_tf32_local) max=100;; server_graphs|server_local|server_batch|ratio_ray|ratio_tf32_ray|vit_ratio_local) max=150;; vit_ratio_ray|validate|overhead) max=200;; *) max=150;;
   esac
   limit=$(( max < left - 10 ? max : left - 10 ))
   if [ "$limit" -lt 20 ]; then echo "=== SKIP $name (${left}s left)" | tee -a "$log"; continue; fi
