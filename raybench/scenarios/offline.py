@@ -1,9 +1,9 @@
 """The Offline scenario: every sample of a dataset through the replicas, as fast as they go.
 
-Owns the two ways of running it (Ray Data: `map_batches` of the sample ids over a fixed pool of
-replica actors, one GPU each where the trial has GPUs, each replica taking its batch's inputs
-from a pool made before the pass and held in Ray's object store; in-process: the same pool,
-one thread per replica pulling batches from a shared queue)
+Owns the two ways of running it (Ray Data: `map_batches` of the pass's batch numbers over a fixed
+pool of replica actors, one GPU each where the trial has GPUs, each replica taking its batch's
+inputs from a pool made before the pass and held in Ray's object store; in-process: the same
+pool, one thread per replica pulling batches from a shared queue)
 and the figures (pure `summarize`): throughput over the timed pass (first batch start to last
 batch end, on one clock: `pass_seconds`), each replica's rate while busy, per-node throughput,
 utilisation, batch latency, agreement with the reference and the projected time of a dataset of
@@ -219,8 +219,8 @@ def run_ray(trial: TrialSpec, start_timeout_s: float, logical_gpus: bool = False
     As in-process (run_local) and as MLPerf's LoadGen has its sample library load samples into
     memory before the timed run, the inputs are made before the pass: `pool_batches` distinct
     batches (and the short last one), made by tasks and held in Ray's object store, cycled in
-    turn. Ray Data carries only batch numbers; each replica takes its batch's inputs from the store
-    itself (`ray.get`: zero-copy on the replica's node, one transfer on another node). Handed
+    turn. Ray Data carries only batch numbers; each replica takes its batch's inputs from the
+    store itself (`ray.get`: zero-copy on the replica's node, one transfer on another). Handed
     over as Ray Data blocks, every 38.5 MB ResNet batch was copied into a block by a task and
     out of it in the replica: on the lent H200 a replica serving 7,843 samples/s while busy got
     3,658 samples/s (busy 46.6%); the input operator, not the tasks' own 5.8 ms, held it back."""

@@ -277,7 +277,8 @@ class Servable(Workload):
     # (inference.cuda_graphs); the sweep loader refuses the setting for the others.
     serving_graphs = False
 
-    # Inputs are numpy so they travel through Ray Data, and depend on the sample ids alone, so
+    # Inputs are numpy so they travel through Ray's object store (zero-copy on a node), and
+    # depend on the sample ids alone, so
     # a reference pass in another precision sees the same.
     @classmethod
     @abstractmethod
