@@ -278,8 +278,7 @@ class Servable(Workload):
     serving_graphs = False
 
     # Inputs are numpy so they travel through Ray's object store (zero-copy on a node), and
-    # depend on the sample ids alone, so
-    # a reference pass in another precision sees the same.
+    # depend on the sample ids alone, so a reference pass in another precision sees the same.
     @classmethod
     @abstractmethod
     def serving_inputs(cls, params: WorkloadParams, ids: np.ndarray) -> dict[str, np.ndarray]:
