@@ -31,8 +31,9 @@ import pandas as pd
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from raybench.telemetry import POWER_CAP
+
 LEVELS = ("pass", "warn", "fail")
-POWER_CAP = "sw_power_cap"  # telemetry.POWER_CAP: this module imports no torch
 
 
 class Margins(BaseModel):
