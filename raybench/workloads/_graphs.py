@@ -37,6 +37,25 @@ def padded(sizes: list[int], n: int) -> int:
     return sizes[i]
 
 
+def capture(fn: Callable[[torch.Tensor], torch.Tensor], static_in: torch.Tensor,
+            pool: tuple | None = None) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """`fn(static_in)` captured as a CUDA graph, after PyTorch's recipe: a few untimed calls on
+    a side stream first (cuDNN's autotuning and lazy allocations happen there, not in the
+    graph). Returns the graph and its output buffer; replaying it reads `static_in` as it is."""
+    device = static_in.device
+    main = torch.cuda.current_stream(device)
+    side = torch.cuda.Stream(device)
+    side.wait_stream(main)
+    with torch.cuda.stream(side), torch.no_grad():
+        for _ in range(WARMUP_CALLS):
+            fn(static_in)
+    main.wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool), torch.no_grad():
+        static_out = fn(static_in)
+    return graph, static_out
+
+
 class GraphedForward:
     """`fn` (device tensor of a batch of samples -> device tensor, first dimension the batch)
     captured for every size of `ladder(largest)`, from `sample` (one sample, on the GPU)."""
@@ -46,29 +65,19 @@ class GraphedForward:
         if sample.device.type != "cuda":
             raise ValueError("CUDA graphs need a GPU replica (hardware.num_gpus: 1)")
         self.sizes = ladder(largest)
+        # size -> (graph, its output buffer, its input buffer)
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
-        device = sample.device
-        main = torch.cuda.current_stream(device)
         pool = torch.cuda.graph_pool_handle()  # one memory pool for all sizes
         # Largest first: the smaller graphs then fit in the memory the first one reserved.
         for size in reversed(self.sizes):
             static_in = sample.unsqueeze(0).expand(size, *sample.shape).contiguous()
-            side = torch.cuda.Stream(device)
-            side.wait_stream(main)
-            with torch.cuda.stream(side), torch.no_grad():
-                for _ in range(WARMUP_CALLS):  # cuDNN's autotuning happens here, not captured
-                    fn(static_in)
-            main.wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool), torch.no_grad():
-                static_out = fn(static_in)
-            self._graphs[size] = (graph, static_in, static_out)
+            self._graphs[size] = (*capture(fn, static_in, pool), static_in)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """fn(x) by replay; the result is a view of the graph's output buffer, valid until
         the next call (copy it off, as a serve's `.cpu()` does)."""
         n = x.shape[0]
-        graph, static_in, static_out = self._graphs[padded(self.sizes, n)]
+        graph, static_out, static_in = self._graphs[padded(self.sizes, n)]
         static_in[:n].copy_(x)
         graph.replay()
         return static_out[:n]

@@ -23,6 +23,7 @@ from raybench.columns import Metric
 from raybench.records import RankRecord
 from raybench.sections import HardwareSpec
 from raybench.workloads import Servable, WorkloadParams, register
+from raybench.workloads._graphs import capture
 from raybench.workloads._memory import Checkpointed
 
 # (embed dim, depth, heads): ViT-Ti/B/L/H. Prithvi-EO 1.0 is a ViT-B (~100M), Prithvi-EO 2.0
@@ -201,16 +202,8 @@ class VitTiles(Servable):
     def _capture(self) -> None:
         if not self.ctx.is_cuda:
             raise ValueError("workload.cuda_graphs needs a GPU trial (hardware.num_gpus >= 1)")
-        images = self._batch[0]
-        side = torch.cuda.Stream(self.ctx.device)
-        side.wait_stream(torch.cuda.current_stream(self.ctx.device))
-        with torch.cuda.stream(side), torch.no_grad():  # PyTorch's recipe: warm up off-stream
-            for _ in range(3):
-                self.net(images)
-        torch.cuda.current_stream(self.ctx.device).wait_stream(side)
-        self._graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self._graph), torch.no_grad():
-            self._out = self.net(images)
+        # the captured forward reads the resident batch itself: no copy into a graph's input
+        self._graph, self._out = capture(self.net, self._batch[0])
 
     @property
     def model(self) -> torch.nn.Module:
