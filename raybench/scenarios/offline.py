@@ -180,8 +180,7 @@ def run_local(trial: TrialSpec, devices: list[Any]) -> tuple[list[dict], list[di
     inf, b = trial.inference, trial.workload.batch_size
     replicas = [Replica(trial, i, device) for i, device in enumerate(devices)]
     chunks = [np.arange(lo, min(lo + b, inf.samples)) for lo in range(0, inf.samples, b)]
-    pool = [(ids, replicas[0].cls.serving_inputs(trial.workload, ids))
-            for ids in chunks[:pool_batches(trial)]]
+    pool = [_made(trial, ids) for ids in chunks[:pool_batches(trial)]]
     work: queue.Queue[np.ndarray] = queue.Queue()
     for ids in chunks:
         work.put(ids)
@@ -196,8 +195,7 @@ def run_local(trial: TrialSpec, devices: list[Any]) -> tuple[list[dict], list[di
                 except queue.Empty:
                     return
                 k, check = pool_turn(ids, b, len(pool))
-                pool_ids, inputs = (pool[k] if k is not None else
-                                    (ids, replica.cls.serving_inputs(trial.workload, ids)))
+                pool_ids, inputs = pool[k] if k is not None else _made(trial, ids)
                 records.append(replica.serve(pool_ids, inputs, check=check))
         except BaseException as e:  # re-raised in the caller: a failed trial is a row
             errors.append(e)
@@ -302,8 +300,8 @@ def pool_turn(ids: np.ndarray, batch_size: int, pool_size: int) -> tuple[int | N
 
 
 def _made(t: TrialSpec, ids: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """A pool batch: its sample ids, and their inputs (whose names are the workload's own:
-    fixed_service's input is called `id`)."""
+    """A batch as both passes hold it: its sample ids, and their inputs (whose names are the
+    workload's own: fixed_service's input is called `id`)."""
     return ids, workloads.get(t.workload_name).serving_inputs(t.workload, ids)
 
 
