@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Issue 44's fourth device run (the first on an H100 through Ray), from the project root with
+# `.gpu/a` carried (Ray 2.60 and the packages the GPU image lacks, from ../shared/gpu/ray-bundle;
+# no rasterio: no xView3 step here). pytest is the image's own.
+#   bash docs/results/2026-11-27_h100_ray/run.sh DEADLINE_S STEP...
+# runs the steps in order while DEADLINE_S seconds last (a step that would start with under 20 s
+# left is skipped and said so), each under its own time limit. Every step's run directory goes
+# under runs/; after each step runs/ is packed into $OUT/runs.tar.gz (no pages or traces) and
+# the log is $OUT/log.txt, so what ran comes back even when a later step fails or the call's
+# limit cuts it.
+set -u
+here=docs/results/2026-11-27_h100_ray
+sw=$here/sweeps
+py=python3
+out=${OUT:-/tmp/out}
+mkdir -p "$out" runs
+log=$out/log.txt
+
+sweep() { $py -m raybench.sweep "$@"; }
+step() {
+  case $1 in
+    facts)
+      nvidia-smi -q > runs/nvidia-smi.txt 2>&1
+      nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm,pcie.link.gen.max,uuid --format=csv
+      nproc; free -g | head -2
+      $py -c "import sys, torch, ray, pydantic, numpy, pandas, pyarrow, pytest
+print(sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda,
+      'cudnn', torch.backends.cudnn.version(), 'nccl', torch.cuda.nccl.version(),
+      'ray', ray.__version__, 'pydantic', pydantic.__version__, 'numpy', numpy.__version__,
+      'pandas', pandas.__version__, 'pyarrow', pyarrow.__version__, 'pytest', pytest.__version__)
+print(torch.cuda.get_device_name(0), torch.cuda.device_count())"
+      git log -1 --format='code %h %s' 2>/dev/null || true ;;
+    gpu_tests)  # every test marked gpu (skipped on CPU machines): the CUDA-graph capture recipe
+      # moved into workloads/_graphs.capture after the last GPU run
+      $py -m pytest -q -p no:cacheprovider -m gpu -rs \
+        tests/test_graphs.py tests/test_vit_tiles.py tests/test_worker.py ;;
+    # ResNet-50 bf16 on resident data, three windows a trial, Ray then in-process
+    ratio_ray) sweep $sw/resnet50.yaml --output runs/ratio_ray ;;
+    ratio_local) sweep $sw/resnet50.yaml --runner local --output runs/ratio_local ;;
+    # ViT-L tiles, train and inference at two tiles, three windows a trial
+    vit_ray) sweep $sw/vit_tiles.yaml --output runs/vit_ray ;;
+    vit_local) sweep $sw/vit_tiles.yaml --runner local --output runs/vit_local ;;
+    # Offline after 111c006 (one replica call per batch number); Server with dynamic batching
+    # after 45038e7 (a replica warms every call size it will be sent)
+    offline_ray) sweep $sw/inference.yaml --output runs/offline_ray ;;
+    server_batch) sweep $sw/server_graphs.yaml --output runs/server_batch \
+        --set inference.max_batch_queries=8 ;;
+    # tf32 side by side; on Ray the two batch sizes share one worker group (its later trial's
+    # fixed cost on a GPU)
+    tf32_ray) sweep $sw/resnet50.yaml --output runs/tf32_ray \
+        --set hardware.precision=tf32 --set execution.isolation=worker ;;
+    tf32_local) sweep $sw/resnet50.yaml --runner local --output runs/tf32_local \
+        --set hardware.precision=tf32 ;;
+    overhead)  # issue 42: Ray, torchrun and the bare loop, alternating rounds
+      $py -m raybench.bench overhead $sw/resnet50.yaml --rounds 2 --set 'grid={batch_size: [256]}' ;;
+    *) echo "unknown step $1"; return 2 ;;
+  esac
+}
+
+if [ "${1:-}" = step ]; then step "$2"; exit $?; fi
+
+deadline=$1; shift
+t0=$(date +%s)
+if [ ! -d /tmp/site/ray ]; then
+  mkdir -p /tmp/site && for f in .gpu/a/*.tar.xz; do tar xJf "$f" -C /tmp/site; done
+  echo "=== unpacked in $(( $(date +%s) - t0 ))s" | tee -a "$log"
+fi
+export PYTHONPATH=/tmp/site:$PWD RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1
+for name in "$@"; do
+  left=$(( deadline - ($(date +%s) - t0) ))
+  case $name in
+    # Ray trials cost ~20-30 s each beyond their windows on the H200 (2026-11-26 README)
+    facts) max=30;; gpu_tests|ratio_local|tf32_local|offline_ray|vit_local) max=100;; ratio_ray|tf32_ray|server_batch) max=150;; vit_ray|overhead) max=200;; *) max=150;;
+  esac
+  limit=$(( max < left - 10 ? max : left - 10 ))
+  if [ "$limit" -lt 20 ]; then echo "=== SKIP $name (${left}s left)" | tee -a "$log"; continue; fi
+  echo "=== $name start $(date -u +%T), limit ${limit}s" | tee -a "$log"
+  s=$(date +%s)
+  timeout -k 10 "$limit" bash "$0" step "$name" >> "$log" 2>&1
+  echo "=== $name rc=$? in $(( $(date +%s) - s ))s" | tee -a "$log"
+  tail -n 3 "$log" | grep -h '"raybench"' | cut -c1-300
+  tar czf "$out/runs.tar.gz" --exclude='*.html' --exclude='*.trace.json' runs
+done
