@@ -339,16 +339,19 @@ def test_window_sync_is_refused_for_epoch_workloads(write_sweep):
 @pytest.mark.gpu
 def test_window_sync_on_gpu_keeps_the_run_ahead(write_sweep):
     """A launch-bound model: syncing every step can only slow it; the event step times add up
-    to the window they were recorded in."""
-    rec = {}
-    for sync in ("step", "window"):
-        trial = one_trial(write_sweep, "hardware.num_gpus=1", "hardware.precision=bf16",
-                          "workload.batch_size=8", f"measure.sync={sync}",
-                          "measure.measure_steps=50")
-        ctx = WorkerContext(0, 0, 1, 0, torch.device("cuda", 0), trial.hardware)
-        rec[sync] = measure_rank(trial, ctx)
-    win = rec["window"]
-    total = sum(win.wait_s) + sum(win.compute_s)
-    assert total == pytest.approx(sum(win.windows_s), rel=0.05)
-    rate = {s: len(r.compute_s) / sum(r.windows_s) for s, r in rec.items()}
-    assert rate["window"] >= 0.97 * rate["step"]
+    to the window they were recorded in. One 0.5 s window a side, step first, failed once on the
+    lent H100 (window 3.5% slower: 102.6 against 106.3 steps/s): so three rounds, alternating
+    which side goes first, and each side's best window, as timeit takes the fastest run."""
+    rates: dict[str, list[float]] = {"step": [], "window": []}
+    for round_ in range(3):
+        for sync in ("step", "window") if round_ % 2 == 0 else ("window", "step"):
+            trial = one_trial(write_sweep, "hardware.num_gpus=1", "hardware.precision=bf16",
+                              "workload.batch_size=8", f"measure.sync={sync}",
+                              "measure.measure_steps=50")
+            ctx = WorkerContext(0, 0, 1, 0, torch.device("cuda", 0), trial.hardware)
+            r = measure_rank(trial, ctx)
+            rates[sync].append(len(r.compute_s) / sum(r.windows_s))
+            if sync == "window":
+                total = sum(r.wait_s) + sum(r.compute_s)
+                assert total == pytest.approx(sum(r.windows_s), rel=0.05)
+    assert max(rates["window"]) >= 0.97 * max(rates["step"]), rates
