@@ -78,6 +78,14 @@ def lookup(key: str) -> Metric | None:
     return _EXACT.get(key) or next((f for f in _FAMILIES if f.matches(key)), None)
 
 
+def text(value: object) -> str:
+    """A text cell of a row, '' where it is missing. Rows read back from results.parquet come
+    through pandas 3, whose string columns hold a missing cell as NaN, not None: `value or ""`
+    then gives the float NaN (truthy), and `str()` of it the word 'nan' (on the lent H100 every
+    ViT row without a throttle reason was judged 'GPU throttled (nan)')."""
+    return value if isinstance(value, str) else ""
+
+
 def is_metric(column: str) -> bool:
     """Metric columns have a namespace (`train/...`); config columns a section (`workload.x`)."""
     return "/" in column

@@ -65,4 +65,5 @@ def read_network() -> str | None:
 
 
 def over_sockets(nccl_net: str | None) -> bool:
-    return bool(nccl_net) and nccl_net.lower().startswith("socket")
+    # (a row read back from parquet holds a missing transport as NaN)
+    return isinstance(nccl_net, str) and nccl_net.lower().startswith("socket")

@@ -31,6 +31,7 @@ import pandas as pd
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from raybench.columns import text
 from raybench.telemetry import POWER_CAP
 
 LEVELS = ("pass", "warn", "fail")
@@ -243,7 +244,7 @@ def _under_load(v: Verdict, row: pd.Series, nodes: dict[str, dict[str, Any]], m:
     # A clock the power cap held down is the card working as designed: a dense bf16 GEMM on
     # the lent H200 ran at 1,473-1,577 MHz of 1,980 under its default 700 W limit (the health
     # rules judge a limit set below its default, and the datasheet rule the figure reached)
-    capped = POWER_CAP in str(row.get("gpu/throttle_reasons") or "").split(",")
+    capped = POWER_CAP in text(row.get("gpu/throttle_reasons")).split(",")
     if judge_clock and clock and top and not capped \
             and 100.0 * clock / top < m.clock_of_max_warn_pct:
         v.add("warn", f"SM clock {clock:.0f} MHz under the {probe} probe, "

@@ -52,7 +52,7 @@ def validity(row: dict[str, Any], t: Thresholds = Thresholds()) -> list[str]:
     status = row.get("status")
     if status != "ok":
         reasons.append("out of memory" if status == "oom" else f"{status}: "
-                       f"{str(row.get('error') or '')[:120]}")
+                       f"{columns.text(row.get('error'))[:120]}")
         return reasons
     repeat_cv = row.get("train/repeat_cv_pct")
     cv = row.get("train/step_time_cv_pct")
@@ -67,7 +67,7 @@ def validity(row: dict[str, Any], t: Thresholds = Thresholds()) -> list[str]:
     if row.get("train/loss_finite") is False:
         reasons.append("training loss became nan/inf: the run diverged, its step times are not "
                        "a training run's (lower workload.lr, or check the precision)")
-    slowdowns = [r for r in str(row.get("gpu/throttle_reasons") or "").split(",")
+    slowdowns = [r for r in columns.text(row.get("gpu/throttle_reasons")).split(",")
                  if r and r != POWER_CAP]
     if slowdowns or (row.get("gpu/throttled") is True and not row.get("gpu/throttle_reasons")):
         reasons.append(f"GPU throttled ({','.join(slowdowns) or 'see telemetry'})")
@@ -87,8 +87,8 @@ def notes(row: dict[str, Any]) -> list[str]:
     out = []
     capped = row.get("gpu/power_capped_pct")
     # rows written before the share was recorded name the bit in throttle_reasons only
-    if (_num(capped) and capped > 0) or (capped is None and POWER_CAP in str(
-            row.get("gpu/throttle_reasons") or "")):
+    if (_num(capped) and capped > 0) or (capped is None and POWER_CAP in columns.text(
+            row.get("gpu/throttle_reasons"))):
         power, clock = row.get("gpu/power_mean_w"), row.get("gpu/sm_clock_mean_mhz")
         share = f" in {capped:.0f}% of samples" if _num(capped) else ""
         out.append("at the GPU's power limit" + share

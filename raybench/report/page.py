@@ -15,6 +15,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
+from raybench.columns import text
 from raybench.report.assess import rate_text
 
 STYLE = """
@@ -120,8 +121,8 @@ def _table(columns: list[str], rows: list[dict[str, Any]],
                 cells.append(f"<td data-v='{e(str(v))}'><a href='{e(str(v))}'>open</a></td>")
             elif c == "valid":
                 cls, label = ("valid", "valid") if v else ("invalid", "invalid")
-                why = e(str(r.get("validity_reasons") or ""))
-                note = e(str(r.get("validity_notes") or ""))
+                why = e(text(r.get("validity_reasons")))
+                note = e(text(r.get("validity_notes")))
                 note_html = f" <span class='note'>{note}</span>" if note else ""
                 cells.append(f"<td data-v='{int(bool(v))}' title='{why or note}'>"
                              f"<span class='badge {cls}'>{label}</span> {why}{note_html}</td>")
