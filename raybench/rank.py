@@ -63,13 +63,14 @@ def run_trials(config: dict[str, Any]) -> None:
     stamps: dict[str, float] = {"process_start": process_start(), "imported": time.time(),
                                 "loop_entry": entry}
     size = None
+    between: dict[str, float] = {}  # the last trial's end, for the next one's fixed cost
     for n, trial in enumerate(trials):
         if size is not None and trial.hardware.world_size < size and not side.narrow(
                 trial.hardware.world_size):  # part of the trial's rank_prep
             return
         size = trial.hardware.world_size
         if n:
-            stamps = {"loop_entry": time.time()}
+            stamps = {**between, "loop_entry": time.time()}
         ctx = side.context(trial, stamps)
         side.started(n, ctx, stamps["loop_entry"])
         watchdog = _watchdog(side.timeout_s)  # per trial, from its start
@@ -80,8 +81,11 @@ def run_trials(config: dict[str, Any]) -> None:
                 watchdog.cancel()
         if records:  # rank 0: when its part ended, for the teardown that follows
             records[0].stamps["loop_exit"] = time.time()
-        side.finished(n, trial, ctx, records)
+        side.finished(n, trial, ctx, records)  # in a group: returns on the driver's word
         if n + 1 < len(trials):
+            between = {"handed_over": time.time()}
+            if records:
+                between["last_exit"] = records[0].stamps["loop_exit"]
             _release(ctx)
 
 

@@ -171,6 +171,12 @@ def test_fixed_cost_phases_from_the_runner_and_rank_stamps():
     assert "overhead/train_start_s" not in later and "overhead/trial_start_s" not in later
     assert later["overhead/fixed_s"] == pytest.approx(114.0 - 109.0 - 1.0)
     assert later["overhead/teardown_s"] == pytest.approx(0.6)
+    # ... and its rank 0 says how it got from the last trial's exit to its own entry
+    assert "overhead/handover_s" not in later
+    recs[0]["stamps"].update(last_exit=108.8, handed_over=109.6)
+    later = fixed_cost(recs, {"trial_start": 109.0, "fit_end": 114.0})
+    assert (later["overhead/handover_s"], later["overhead/release_s"]) == pytest.approx(
+        (0.8, 0.4))
 
 
 def test_bench_overhead_breakdown_adds_up_per_trial():

@@ -29,6 +29,11 @@ declare(
            "trace, gathering the records"),
     Metric("overhead/teardown_s", "s", "rank 0's exit to the fit's return: the worker group "
            "and controller ending"),
+    Metric("overhead/handover_s", "s", "a trial after another in one process (a worker "
+           "group's later trial): rank 0's exit from the last trial to the runner's word "
+           "that its row is written (the outcome's trip, the row, the word's trip)"),
+    Metric("overhead/release_s", "s", "that rank's release of the last trial (garbage "
+           "collection, CUDA's cache given back) before it enters this one"),
     Metric("overhead/fixed_s", "s", "the trial's wall time minus its measured window"),
 )
 
@@ -56,6 +61,9 @@ def fixed_cost(records: list[RankRecord] | list[dict[str, Any]],
     }
     if "loop_exit" in rank0:
         out["overhead/record_s"] = rank0["loop_exit"] - max(s["measure_end"] for s in st)
+    if "last_exit" in rank0:  # on a GPU a worker group's second trial waited 4.19 s here
+        out["overhead/handover_s"] = rank0["handed_over"] - rank0["last_exit"]
+        out["overhead/release_s"] = rank0["loop_entry"] - rank0["handed_over"]
     if "fit_start" in stamps:
         out["overhead/train_start_s"] = entry - stamps["fit_start"]
         out.update(_train_start_parts(max(st, key=lambda s: s["loop_entry"]),

@@ -115,6 +115,11 @@ def test_a_worker_group_runs_trials_of_one_shape_on_the_same_processes(rounds):
     later = order.iloc[1:]
     assert later["overhead/train_start_s"].isna().all()  # no workers started for them
     assert (later["overhead/fixed_s"] < first["overhead/fixed_s"] / 2).all()
+    # the way from the last trial's exit to this one's entry, inside the fixed cost
+    assert pd.isna(first["overhead/handover_s"])
+    between = later["overhead/handover_s"] + later["overhead/release_s"]
+    assert (later["overhead/handover_s"] > 0).all() and (later["overhead/release_s"] >= 0).all()
+    assert (between < later["overhead/fixed_s"]).all()
     alone, alone_pids = rounds[0]["process"]
     assert (alone["status"] == "ok").all() and (alone["trial/isolation"] == "process").all()
     assert (alone["trial/group_ranks"] == alone["train/world_size"]).all()
