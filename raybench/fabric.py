@@ -15,6 +15,8 @@ import re
 import socket
 from pathlib import Path
 
+from raybench import columns
+
 # NCCL's documented debug variables: INIT and NET are the subsystems that name the transport.
 DEBUG_FILE = "/tmp/raybench-nccl-{key}.%h.%p.log"  # %h host, %p pid: NCCL fills them in
 
@@ -65,5 +67,4 @@ def read_network() -> str | None:
 
 
 def over_sockets(nccl_net: str | None) -> bool:
-    # (a row read back from parquet holds a missing transport as NaN)
-    return isinstance(nccl_net, str) and nccl_net.lower().startswith("socket")
+    return columns.text(nccl_net).lower().startswith("socket")  # NaN where read from parquet

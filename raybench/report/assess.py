@@ -67,9 +67,9 @@ def validity(row: dict[str, Any], t: Thresholds = Thresholds()) -> list[str]:
     if row.get("train/loss_finite") is False:
         reasons.append("training loss became nan/inf: the run diverged, its step times are not "
                        "a training run's (lower workload.lr, or check the precision)")
-    slowdowns = [r for r in columns.text(row.get("gpu/throttle_reasons")).split(",")
-                 if r and r != POWER_CAP]
-    if slowdowns or (row.get("gpu/throttled") is True and not row.get("gpu/throttle_reasons")):
+    reasons_text = columns.text(row.get("gpu/throttle_reasons"))
+    slowdowns = [r for r in reasons_text.split(",") if r and r != POWER_CAP]
+    if slowdowns or (row.get("gpu/throttled") is True and not reasons_text):
         reasons.append(f"GPU throttled ({','.join(slowdowns) or 'see telemetry'})")
     if row.get("infer/accuracy_ok") is False:  # the accuracy gate of an inference run
         acc, metric = row.get("infer/accuracy"), row.get("infer/accuracy_metric")

@@ -77,6 +77,10 @@ def test_text_cells_read_back_from_parquet_judge_as_written(tmp_path):
     page_rows = model([{"dir": "r", "frame": pd.read_parquet(tmp_path / "r.parquet"),
                         "details": {}, "system": {}}])["rows"]
     assert [r["valid"] for r in page_rows] == [True, True]
+    # throttled with no reason named: still a slowdown, read back as written
+    pd.DataFrame([capped, {**plain, "gpu/throttled": True}]).to_parquet(tmp_path / "t.parquet")
+    back = pd.read_parquet(tmp_path / "t.parquet").to_dict("records")
+    assert [validity(r) for r in back] == [[], ["GPU throttled (see telemetry)"]]
 
 
 def test_header_names_every_node_as_it_saw_itself():
