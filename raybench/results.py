@@ -227,9 +227,9 @@ class RowWriter:
             statuses = [s for s in statuses if s == "ok"]
             stages_failed += sum(s["largest_batch"] == 0 for s in self.searches)
         ok = [r for r in self.table.rows if r["status"] == "ok" and r["stage"] == "benchmark"]
-        ok = [r for r in ok if headline(r)]
-        valid = [r for r in ok if not validity(r)]  # the report's rule: no untrusted "best"
-        best = max(valid, key=headline, default=None)
+        # the report's rule, for rows without a rate too (a Server search that met no rate)
+        valid = [r for r in ok if not validity(r)]
+        best = max((r for r in valid if headline(r)), key=headline, default=None)
         return {
             "sweep": self.spec.name, "run_id": self.run_id, "output": str(out),
             "results": str(self.table.parquet), "trials": len(statuses),

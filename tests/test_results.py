@@ -105,8 +105,8 @@ def test_results_table_reloads_existing_rows(write_sweep, tmp_path):
 
 def test_summary_best_is_the_fastest_valid_trial(write_sweep, tmp_path):
     # the JSON line a pipeline reads must not name a trial the report calls invalid
-    spec = load_sweep(write_sweep())
-    slow, fast = expand(spec)[:2]
+    spec = load_sweep(write_sweep(), ["grid={batch_size: [4, 8, 16]}"])
+    slow, fast, server = expand(spec)
     writer = RowWriter(spec, "r", ResultsTable(tmp_path))
     writer.write(slow, outcome(100.0))
     diverged = outcome(500.0)
@@ -115,6 +115,15 @@ def test_summary_best_is_the_fastest_valid_trial(write_sweep, tmp_path):
     summary = writer.summary(tmp_path, 1.0)
     assert summary["best"] == {"trial_key": slow.key, "samples_per_s": 100.0}
     assert summary["ok"] == 2 and summary["invalid"] == 1
+    # a Server search that met no rate has no headline and is invalid in the report: so here
+    import raybench.scenarios.run  # noqa: F401 (declares the server/ columns, as a sweep does)
+
+    writer.write(server, TrialOutcome(
+        status="ok", metrics={"server/met_bound": False, "server/latency_percentile": 99.0,
+                              "server/latency_bound_ms": 50.0}))
+    summary = writer.summary(tmp_path, 1.0)
+    assert summary["ok"] == 3 and summary["invalid"] == 2
+    assert summary["best"] == {"trial_key": slow.key, "samples_per_s": 100.0}
 
 
 def test_new_run_refuses_a_directory_with_rows_and_resume_checks_the_sweep(write_sweep, tmp_path):
