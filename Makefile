@@ -64,7 +64,8 @@ sweep: $(STAMP)
 # part at once, naming the test it died in (--max-worker-restart=0): xdist 3.8.0 replaces it
 # otherwise, and under loadscope the replacement can deadlock the run with every worker idle
 # (pytest-xdist issues 1323 and 1378; seen here on 2026-11-27, 13 minutes idle before it was
-# killed), where CI would only see its timeout.
+# killed), where CI would only see its timeout. Ctrl-C ends the parts in the foreground; the
+# oldest Ray's stream runs on to its end (a few minutes), so its clusters stop as its tests end.
 TEST_WORKERS ?= 2
 OLDEST_LOG := $(OLDEST)/test.log
 test: $(STAMP)
