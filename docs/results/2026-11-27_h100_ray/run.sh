@@ -40,6 +40,11 @@ print(torch.cuda.get_device_name(0), torch.cuda.device_count())"
     # ViT-L tiles, train and inference at two tiles, three windows a trial
     vit_ray) sweep $sw/vit_tiles.yaml --output runs/vit_ray ;;
     vit_local) sweep $sw/vit_tiles.yaml --runner local --output runs/vit_local ;;
+    # the same, each trial's windows going on (up to 6) while its last three disagree: the
+    # tile-256 windows ramped up in-process on the H100
+    vit_ray6) sweep $sw/vit_tiles.yaml --output runs/vit_ray6 --set measure.max_repeats=6 ;;
+    vit_local6) sweep $sw/vit_tiles.yaml --runner local --output runs/vit_local6 \
+        --set measure.max_repeats=6 ;;
     # Offline after 111c006 (one replica call per batch number); Server with dynamic batching
     # after 45038e7 (a replica warms every call size it will be sent)
     offline_ray) sweep $sw/inference.yaml --output runs/offline_ray ;;
@@ -70,7 +75,7 @@ for name in "$@"; do
   left=$(( deadline - ($(date +%s) - t0) ))
   case $name in
     # Ray trials cost ~20-30 s each beyond their windows on the H200 (2026-11-26 README)
-    facts) max=30;; gpu_tests|ratio_local|tf32_local|offline_ray|vit_local) max=100;; ratio_ray|tf32_ray|server_batch) max=150;; vit_ray|overhead) max=200;; *) max=150;;
+    facts) max=30;; gpu_tests|ratio_local|tf32_local|offline_ray|vit_local) max=100;; ratio_ray|tf32_ray|server_batch) max=150;; vit_ray|vit_ray6|overhead) max=200;; vit_local6) max=150;; *) max=150;;
   esac
   limit=$(( max < left - 10 ? max : left - 10 ))
   if [ "$limit" -lt 20 ]; then echo "=== SKIP $name (${left}s left)" | tee -a "$log"; continue; fi
