@@ -16,6 +16,7 @@ import os
 import statistics
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -56,6 +57,12 @@ FRESH = "{cpu_workers: [1], seed: [1]}"
 POSITIONS = {"later": ((2, 2), ("worker", (2, 1))),
              "after the group narrowed": ((1, 1), ("process", (1, 1))),
              "later after it narrowed": ((1, 2), ("process", (1, 1)))}
+
+
+def pairs(runs: dict) -> Iterator[tuple[str, pd.Series, pd.Series]]:
+    """A round's positions: the name, the group's row, the fresh row it is compared with."""
+    for position, (shared, (sweep_of, fresh)) in POSITIONS.items():
+        yield position, runs["worker"][0].loc[shared], runs[sweep_of][0].loc[fresh]
 
 
 @pytest.fixture(scope="module")
@@ -130,9 +137,9 @@ def test_a_worker_group_runs_trials_of_one_shape_on_the_same_processes(rounds):
     assert (alone["status"] == "ok").all() and (alone["trial/isolation"] == "process").all()
     assert (alone["trial/group_ranks"] == alone["train/world_size"]).all()
     assert alone_pids[1, 1] != group[:1]
-    for position, (shared, (sweep_of, fresh)) in POSITIONS.items():
-        assert df.loc[shared, "host/rss_peak_mb"] == pytest.approx(
-            rounds[0][sweep_of][0].loc[fresh, "host/rss_peak_mb"], rel=0.1), position
+    for position, shared, fresh in pairs(rounds[0]):
+        assert shared["host/rss_peak_mb"] == pytest.approx(fresh["host/rss_peak_mb"],
+                                                           rel=0.1), position
 
 
 def test_every_group_position_measures_as_fresh_processes(rounds):
@@ -158,12 +165,9 @@ def test_every_group_position_measures_as_fresh_processes(rounds):
         (group, _), (fresh, _) = runs["worker"], runs["process"]
         for df in (group, fresh):
             assert (df["status"] == "ok").all(), df["error"]
-        for position, (shared, (sweep_of, alone)) in POSITIONS.items():
-            ref = runs[sweep_of][0].loc[alone]
-            ratios[position].append(group.loc[shared, "train/samples_per_s"]
-                                    / ref["train/samples_per_s"])
-            waits[position].append((group.loc[shared, "host/run_wait_pct"],
-                                    ref["host/run_wait_pct"]))
+        for position, shared, ref in pairs(runs):
+            ratios[position].append(shared["train/samples_per_s"] / ref["train/samples_per_s"])
+            waits[position].append((shared["host/run_wait_pct"], ref["host/run_wait_pct"]))
     print(json.dumps({"ratios": ratios, "run_wait": waits, "faults": [
         [runs[k][0]["host/minor_faults_per_s"].round().tolist() for k in ("worker", "process")]
         for runs in rounds]}))
