@@ -28,9 +28,10 @@ def test_a_sweep_runs_its_ranks_under_torchrun(write_sweep, tmp_path):
     from raybench.sweep import main
 
     out = tmp_path / "run"
-    assert main([str(write_sweep(TWO_RANKS)), "--runner", "torchrun", "--output", str(out)]) == 0
+    rc = main([str(write_sweep(TWO_RANKS)), "--runner", "torchrun", "--output", str(out)])
     row = pd.read_parquet(out / "results.parquet").iloc[0]
-    assert row["status"] == "ok" and row["train/world_size"] == 2
+    assert rc == 0 and row["status"] == "ok", row["error"]  # the row says why, if it failed
+    assert row["train/world_size"] == 2
     assert row["train/samples_per_s"] > 0 and len(row["cluster/rank_nodes"].split(",")) == 2
     # the same fixed-cost phases as every runner's rows, from the ranks' own stamps
     assert row["overhead/fixed_s"] > row["overhead/setup_s"] > 0
