@@ -32,26 +32,27 @@ OLDEST_TESTS := tests/test_ray_private.py $(ONLY_OLDEST) \
 
 venv: $(STAMP)
 
-# The lock names every package the project needs, pinned, so the install takes it as it is
-# (--no-deps, no resolver) and runs as two pips at once on two parts of it: pip uses one core
-# (the resolving install here: 126 s of CPU in 128 s), and the two parts took 85 s. HEAVY picks
-# the first part (CUDA's libraries, torch, triton, ray: 62 s; the other 121 packages 77 s).
-# `pip check` then does the resolver's check; where it finds a requirement unmet (on Python
-# 3.10 pip may need a back-port the 3.11 lock lacks), the lock is read again as constraints
-# and pip resolves, as it did before. The build backend comes from the lock too (no build
-# isolation, which would fetch the newest setuptools).
+# The lock names every package the project needs on Linux x86_64 with Python 3.11, pinned, so
+# there the install takes it as it is (--no-deps, no resolver) and runs as two pips at once on
+# two parts of it: pip uses one core (the resolving install here: 126 s of CPU in 128 s), and
+# the two parts took 85 s. HEAVY picks the first part (CUDA's libraries, torch, triton, ray: 62
+# s; the other 121 packages 77 s). `pip check` then does the resolver's check. Where any of it
+# fails (another platform, with no wheel of CUDA's libraries; on Python 3.10 a back-port the
+# lock lacks), the lock is read as constraints and pip resolves, as it always did. The build
+# backend comes from the lock too (no build isolation, which would fetch the newest setuptools).
 HEAVY := ^(nvidia|cuda|torch|triton|ray==)
 $(STAMP): pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet -c $(LOCK) setuptools wheel
 	grep -E '$(HEAVY)' $(LOCK) > $(VENV)/lock-heavy.txt
 	grep -E '^[A-Za-z0-9]' $(LOCK) | grep -vE '$(HEAVY)' > $(VENV)/lock-rest.txt
-	$(BIN)/python -m pip install --quiet --no-deps -r $(VENV)/lock-heavy.txt & heavy=$$!; \
+	{ $(BIN)/python -m pip install --quiet --no-deps -r $(VENV)/lock-heavy.txt & heavy=$$!; \
 	  $(BIN)/python -m pip install --quiet --no-deps -r $(VENV)/lock-rest.txt; rest=$$?; \
-	  wait $$heavy && test $$rest -eq 0
-	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
-	$(BIN)/python -m pip check || \
-	  $(BIN)/python -m pip install --quiet -c $(LOCK) --no-build-isolation -e '.[dev]'
+	  wait $$heavy && test $$rest -eq 0 && \
+	  $(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e . && \
+	  $(BIN)/python -m pip check; } || { \
+	  echo "make: the lock as it is did not install here; pip resolves with it as constraints"; \
+	  $(BIN)/python -m pip install --quiet -c $(LOCK) --no-build-isolation -e '.[dev]'; }
 	touch $(STAMP)
 
 # Refresh the lock: resolve pyproject.toml's ranges today, in a throwaway pip-tools venv.
