@@ -110,10 +110,16 @@ def connect(address: str | None) -> bool:
     shape = local_shape()
     log.info("starting an embedded Ray: %g CPUs, %s GPUs", shape["CPU"],
              f"{shape['GPU']:g}" if "GPU" in shape else "Ray's count of")
+    # address="local": a Ray of its own, as the choice above says. Without an address
+    # ray.init joins the Ray that `ray start` last started on this machine (its address file,
+    # written by a worker node's `ray start --address` too), and with num_cpus given it then
+    # raised "When connecting to an existing cluster, num_cpus and num_gpus must not be
+    # provided" (seen on 2026-11-27 while a test's two-node cluster ran beside the sweep).
     # The dashboard serves the State API that Ray Train's placement-group cleaner polls; it
     # listens on loopback only, since an embedded Ray has no reason to be reachable.
     # one raybench_node token: what `concurrency: per_node` trials hold a node by (plan.py)
-    ray.init(num_cpus=int(shape["CPU"]), num_gpus=int(shape["GPU"]) if "GPU" in shape else None,
+    ray.init(address="local", num_cpus=int(shape["CPU"]),
+             num_gpus=int(shape["GPU"]) if "GPU" in shape else None,
              resources={"raybench_node": 1},
              include_dashboard=True, dashboard_host="127.0.0.1", **_console())
     _say_where_ray_logs()

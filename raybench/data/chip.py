@@ -359,7 +359,8 @@ def main(argv: list[str] | None = None) -> int:
         params.validate()
         import ray
 
-        ray.init(num_cpus=args.num_cpus, include_dashboard=False,
+        # a Ray of its own (cluster.connect says why "local")
+        ray.init(address="local", num_cpus=args.num_cpus, include_dashboard=False,
                  logging_level=logging.WARNING)
         summary = chip_scenes(args.scenes, args.labels, args.out, params,
                               args.select, args.background, args.seed, args.on_error)

@@ -131,7 +131,9 @@ def raybench_side(scenes: Path, labels: Path, out: Path, chip: int, cpus: int | 
     from raybench.data.chipread import ChipParams
 
     t0 = time.perf_counter()
-    ray.init(num_cpus=cpus, include_dashboard=False, logging_level=logging.WARNING)
+    # a Ray of its own (cluster.connect says why "local")
+    ray.init(address="local", num_cpus=cpus, include_dashboard=False,
+             logging_level=logging.WARNING)
     start_s = time.perf_counter() - t0
     try:
         time.sleep(settle)

@@ -33,7 +33,7 @@ PARAMS = ChipParams(chip_size=256, overlap=32, channels=("vh", "vv", "bathymetry
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    ray.init(num_cpus=2, include_dashboard=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False)  # its own (cluster.connect)
     yield
     ray.shutdown()
 

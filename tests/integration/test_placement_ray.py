@@ -82,7 +82,7 @@ def test_blocked_worker_group_gives_up_quickly(tmp_path, write_sweep):
     from raybench.trial import Mailbox, RunSettings, TrialRef, _Group
 
     (trial,) = expand(load_sweep(write_sweep(), ["grid={}"]))
-    ray.init(num_cpus=2)
+    ray.init(address="local", num_cpus=2)  # its own, whatever `ray start` ran here
     node = ray._private.worker._global_node
     procs = {kind: [i.process for i in infos] for kind, infos in node.all_processes.items()}
     try:

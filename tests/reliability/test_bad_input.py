@@ -10,6 +10,7 @@ import io
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import pandas as pd
 import pytest
 
 from tests.conftest import ROOT, TINY_SWEEP
+from tests.integration.ray_nodes import free_port
 
 SWEEP = TINY_SWEEP + "output: {root: RESULTS}\n"  # the shared tiny sweep, tables under tmp
 
@@ -122,6 +124,8 @@ def test_output_directory_that_cannot_be_written(tmp_path):
 
 @pytest.mark.ray
 def test_a_workload_error_ends_the_ray_started_beside_its_check(tmp_path, monkeypatch):
+    """Also: the embedded Ray is one of its own though `ray start` left its address file on this
+    machine (ray.init without an address joined that cluster, and with num_cpus raised)."""
     import ray
 
     from raybench import cluster
@@ -130,10 +134,18 @@ def test_a_workload_error_ends_the_ray_started_beside_its_check(tmp_path, monkey
     monkeypatch.setattr(cluster, "connect", lambda address: calls.append(address) or
                         connect(address))
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    proc = run_cli(tmp_path, SWEEP, "--set", "workload.batch_size=0", "--runner", "ray")
-    assert calls == [None]  # the sections were valid: Ray started while resnet was imported
-    assert_rejected(tmp_path, proc, "workload.batch_size")
-    assert not ray.is_initialized()  # and it ended with the run that started it
+    # Ray's temp folder, short (its socket paths have a length limit), holding the address
+    # file `ray start` writes, naming a head where nothing listens
+    # (a Ray process still ending may write a log as it goes: cleanup errors are not the test)
+    with tempfile.TemporaryDirectory(prefix="rb", dir="/tmp",
+                                     ignore_cleanup_errors=True) as ray_tmp:
+        (Path(ray_tmp) / "ray").mkdir()
+        (Path(ray_tmp) / "ray" / "ray_current_cluster").write_text(f"127.0.0.1:{free_port()}")
+        monkeypatch.setenv("RAY_TMPDIR", ray_tmp)
+        proc = run_cli(tmp_path, SWEEP, "--set", "workload.batch_size=0", "--runner", "ray")
+        assert calls == [None]  # the sections were valid: Ray started while resnet was imported
+        assert_rejected(tmp_path, proc, "workload.batch_size")
+        assert not ray.is_initialized()  # and it ended with the run that started it
 
 
 def test_a_file_error_starts_no_ray(tmp_path, monkeypatch):
