@@ -195,35 +195,61 @@ def _run_windows(workload: workloads.Workload, batches: Any, ctx: WorkerContext,
     all. The windows before the last `repeats` are then warmup ("warm", as _timed_step's
     tuples): a slow start (a clock ramping up, a neighbour's burst) was not yet the steady
     state the row reports. Every rank runs the same windows: the decision is on the trial's
-    throughput per window, summed over the ranks as the row's repeat CV sums it."""
+    throughput per window, summed over the ranks as the row's repeat CV sums it.
+
+    The steps are run here, not through a helper, so that a rank's way from its entry to the
+    workload's step stays two functions deep (measure_rank, this). With `sync: step` each step
+    is `_timed_step`'s timing. With `sync: window` the device syncs once, at the window's end,
+    so the host runs ahead as in a training job: a step's time is the timeline between its
+    mark and the next (the device's, on a GPU: it holds the input copy, the compute and any
+    wait for the host, so stalls still show), its data wait the host's time to get and
+    enqueue the batch (at most the step), its compute the rest. On CPU both give the same."""
     most = max(most or 0, repeats) if repeats > 1 else 1  # one window agrees with nothing
     out: dict[str, Any] = {"wait_s": [], "compute_s": [], "windows_s": [], "loss": None}
     rates, kept, starts = [], [], []  # per window: throughput (all ranks), times kept before
+    per_step = ctx.sync == "step"
     for _ in range(most):
         kept.append(ctx.measured_counts())
         ctx.barrier()  # ranks start each window together, so the windows overlap
         # its start on the clocks of CPU time, faults and GPU telemetry samples, and the windows'
         starts.append({**_usage(), "t": time.monotonic()})
-        start = starts[-1]["wall"]
-        if ctx.sync == "window":
-            marks, wait, out["loss"] = _unsynced_steps(workload, batches, ctx, steps)
-            out["windows_s"].append(time.perf_counter() - start)
+        start, marks, waits = starts[-1]["wall"], [], []
+        for _ in range(steps):
+            if not per_step:
+                marks.append(ctx.mark())
+            t0 = time.perf_counter()
+            batch = workload.to_device(next(batches))
+            if per_step:
+                ctx.synchronize()
+            t1 = time.perf_counter()
+            out["loss"] = workload.step(batch)
+            if per_step:
+                ctx.synchronize()
+                out["compute_s"].append(time.perf_counter() - t1)
+            waits.append(t1 - t0)
+            ctx.end_step()
+        if not per_step:
+            marks.append(ctx.mark())
+            ctx.synchronize()
+        out["windows_s"].append(time.perf_counter() - start)
+        if not per_step:  # the marks are read once the window is timed
             step_s = [ctx.seconds(a, b) for a, b in zip(marks, marks[1:], strict=False)]
-            wait = [min(w, s) for w, s in zip(wait, step_s, strict=True)]
-            out["wait_s"] += wait
-            out["compute_s"] += [s - w for s, w in zip(step_s, wait, strict=True)]
-        else:
-            for _ in range(steps):
-                w, c, out["loss"] = _timed_step(workload, batches, ctx)
-                out["wait_s"].append(w)
-                out["compute_s"].append(c)
-            out["windows_s"].append(time.perf_counter() - start)
+            waits = [min(w, s) for w, s in zip(waits, step_s, strict=True)]
+            out["compute_s"] += [s - w for s, w in zip(step_s, waits, strict=True)]
+        out["wait_s"] += waits
         ctx.settle_marks()  # phase and own-compute marks, read once the window is timed
         if most > repeats:
             rates.append(ctx.all_reduce_sum(workload.samples_per_step() * steps
                                             / out["windows_s"][-1]))
             if len(rates) >= repeats and cv_pct(rates[-repeats:]) <= REPEAT_CV_LIMIT_PCT:
                 break
+    return _keep_last(out, ctx, steps, repeats, kept, starts)
+
+
+def _keep_last(out: dict[str, Any], ctx: WorkerContext, steps: int, repeats: int,
+               kept: list, starts: list[dict[str, float]]) -> dict[str, Any]:
+    """The last `repeats` windows are the measurement; the steps of any before them become
+    warmup, and their phase and own-compute times are dropped."""
     extra = len(out["windows_s"]) - repeats
     cut = extra * steps
     out["warm"] = list(zip(out["wait_s"][:cut], out["compute_s"][:cut], [None] * cut,
@@ -233,28 +259,6 @@ def _run_windows(workload: workloads.Workload, batches: Any, ctx: WorkerContext,
     out["window_steps"] = [steps] * repeats
     out["warmup_windows"], out["kept_from"] = extra, starts[extra]
     return out
-
-
-def _unsynced_steps(workload: workloads.Workload, batches: Any, ctx: WorkerContext, steps: int):
-    """`steps` steps with one device sync, at the end: the host runs ahead as in a training job.
-    Returns the marks (one as each step starts, one at the end), the host's data waits and the
-    last loss.
-
-    A step's time is the timeline between its mark and the next (the device's, on a GPU: it
-    holds the input copy, the compute and any wait for the host, so stalls still show in the
-    distribution). Data wait is the host's time to get and enqueue the batch; compute is the
-    rest of the step. On CPU both equal `_timed_step`'s."""
-    marks, waits, loss = [], [], None
-    for _ in range(steps):
-        marks.append(ctx.mark())
-        t0 = time.perf_counter()
-        batch = workload.to_device(next(batches))
-        waits.append(time.perf_counter() - t0)
-        loss = workload.step(batch)
-        ctx.end_step()
-    marks.append(ctx.mark())
-    ctx.synchronize()
-    return marks, waits, loss
 
 
 def _run_epochs(workload: workloads.Workload, batches: Any, ctx: WorkerContext,
@@ -309,6 +313,9 @@ def _log_epoch(ctx: WorkerContext, epoch: dict[str, Any], samples_per_s: float) 
 
 
 def _timed_step(workload: workloads.Workload, batches: Any, ctx: WorkerContext):
+    """One step outside the measured windows (warmup, epochs, profiled steps), with the device
+    synchronised around its data and its compute as `_run_windows` does under `sync: step`:
+    (data wait, compute, loss)."""
     t0 = time.perf_counter()
     batch = workload.to_device(next(batches))
     ctx.synchronize()

@@ -229,6 +229,12 @@ def test_window_sync_agrees_with_step_sync_on_cpu(write_sweep):
     assert med(waits) == pytest.approx(med(s[0] for s in step), rel=0.3, abs=3e-4)
     assert med(compute) == pytest.approx(med(s[1] for s in step), rel=0.1)
     assert 0.006 <= med(ctx.phase_s["forward"]) < 0.008
+    # the windows' own step loop under `sync: step` times a step as _timed_step does
+    ctx.sync = "step"
+    again = _run_windows(w, batches, ctx, 20, 1)
+    assert len(again["wait_s"]) == len(again["compute_s"]) == 20
+    assert med(again["compute_s"]) == pytest.approx(med(s[1] for s in step), rel=0.1)
+    assert med(again["wait_s"]) == pytest.approx(med(s[0] for s in step), rel=0.3, abs=3e-4)
 
 
 class _Paced(_Sleeper):
