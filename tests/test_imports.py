@@ -94,8 +94,15 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def test_no_import_cycles():
-    graph = import_graph()
+@pytest.fixture(scope="module")
+def tree_graph() -> dict[str, set[str]]:
+    """The package's import graph, read once for the tests of the real tree (parsing every
+    module took 0.7-4 s a time)."""
+    return import_graph()
+
+
+def test_no_import_cycles(tree_graph):
+    graph = tree_graph
     assert len(graph) > 40 and graph["raybench.sweep"], "the graph was not read"
     found = cycles(graph)
     detail = "; ".join(
@@ -136,11 +143,11 @@ def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
 
 @pytest.mark.parametrize("rank_side", ["raybench.trials", "raybench.rank", "raybench.worker",
                                        "raybench.launched"])
-def test_the_ranks_import_no_sweep_loader(rank_side):
+def test_the_ranks_import_no_sweep_loader(rank_side, tree_graph):
     """What a rank runs (the trial it receives, the rank loop, the timed loop) reaches neither
     the YAML loader, the grid nor the preprocess stage, lazily or not: those are the driver's."""
     loader = {"raybench.spec", "raybench.grid", "raybench.data.stage"}
-    assert not reachable(import_graph(), rank_side) & loader
+    assert not reachable(tree_graph, rank_side) & loader
 
 
 def _workload_names() -> tuple[set[str], set[str]]:
