@@ -58,8 +58,8 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(config, items):
     # `make test`'s serial part collects only the files where `mark.serial` is written
     # (Makefile, SERIAL_FILES); a test marked so from anywhere else would run in neither part
-    unseen = sorted({str(item.path) for item in items if item.get_closest_marker("serial")
-                     and "mark.serial" not in item.path.read_text()})
+    marked = {item.path for item in items if item.get_closest_marker("serial")}
+    unseen = sorted(str(p) for p in marked if "mark.serial" not in p.read_text())
     if unseen:
         raise pytest.UsageError(f"tests marked serial from outside their file (in {unseen}): "
                                 "write pytest.mark.serial in the test's own file, as the "

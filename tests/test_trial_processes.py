@@ -75,7 +75,6 @@ def _printed(code: str, *args: str, env: dict[str, str] | None = None) -> str:
     return proc.stdout.strip()
 
 
-
 def test_validating_an_image_sweep_imports_no_model_library():
     loaded = _printed(VALIDATE, "sweeps/local_cpu.yaml", "--",
                       "sweeps/efficientnet_cpu.yaml", "workload.image_size=64", "--",
