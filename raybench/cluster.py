@@ -39,8 +39,14 @@ _verbose = False
 def show_ray_output(verbose: bool) -> None:
     global _verbose
     _verbose = verbose
-    if not verbose:  # Tune's new output prints its experiment box at any verbosity; the
-        os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # older one is silent at verbose=0
+
+
+def _quiet_tune() -> None:
+    """Tune's new output prints its experiment box on stdout at any verbosity; the older one is
+    silent at verbose=0. Read by the driver at each fit, so set wherever this process takes its
+    Ray: `bench overhead`'s stdout is its JSON line, and it printed the box there too."""
+    if not _verbose:
+        os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
 
 
 def _console() -> dict[str, Any]:
@@ -99,6 +105,7 @@ def connect(address: str | None) -> bool:
     """Join or start Ray; returns True when this process started it (and must shut it down).
     An address where nothing answers raises Unreachable within seconds."""
     addr = target(address)
+    _quiet_tune()
     if ray.is_initialized():
         return False
     if addr:

@@ -23,6 +23,12 @@ from raybench.trials import TrialSpec, derive
 
 log = logging.getLogger(__name__)
 
+# raybench's promises against torchrun, the launcher its users would otherwise script (issue
+# 42): a trial through Ray keeps at least 99% of torchrun's per-step throughput, and a worker
+# group's later trial costs at most torchrun's fixed cost per trial plus one second.
+THROUGHPUT_GOAL = 0.99
+LATER_TRIAL_MARGIN_S = 1.0
+
 
 def bare_loop(trial: TrialSpec) -> float:
     """Samples/s of the trial's training as its workload's bare twin (`Workload.bare_loop`):
@@ -95,6 +101,12 @@ def overhead(spec: SweepSpec, trial: TrialSpec, rounds: int,
         if started:
             cluster.shutdown()
     ratio = statistics.median(ray_thr) / statistics.median(bare)
+    vs_torchrun = paired_ratio(ray_thr, torchrun_thr, THROUGHPUT_GOAL)
+    ci = vs_torchrun["ci95"]
+    log.info("Ray / torchrun per-step throughput %.3f over %d round(s)%s: goal %g %s",
+             vs_torchrun["geomean"], rounds,
+             f", 95% interval {ci[0]:.3f}-{ci[1]:.3f}" if ci else "", THROUGHPUT_GOAL,
+             vs_torchrun["verdict"])
     out = {
         "config": trial.overrides or trial.config(), "rounds": rounds,
         "heap": steady_heap(),  # the bare loop's, as the ranks' (host/heap in the rows)
@@ -108,6 +120,9 @@ def overhead(spec: SweepSpec, trial: TrialSpec, rounds: int,
         "torchrun_samples_per_s": torchrun_thr,
         "throughput_ratio_vs_torchrun": statistics.median(ray_thr)
         / statistics.median(torchrun_thr),
+        # the same, round by round (each round measures both back to back), and the verdict
+        "throughput_vs_torchrun": vs_torchrun,
+        "throughput_vs_bare": paired_ratio(ray_thr, bare, None),
         "raybench_trial_fixed_s_median": statistics.median(ray_fixed),
         "torchrun_trial_fixed_s_median": statistics.median(torchrun_fixed),
         "sweep_wall_s": trial_wall, "measured_window_s": measured,
@@ -121,6 +136,48 @@ def overhead(spec: SweepSpec, trial: TrialSpec, rounds: int,
         out["next_trials_fixed_s_median"] = statistics.median(later)
         out["raybench_samples_per_s_by_group_position"] = {
             k: statistics.median(v) for k, v in sorted(by_position.items())}
+        limit = out["torchrun_trial_fixed_s_median"] + LATER_TRIAL_MARGIN_S
+        out["later_trial_fixed_cost"] = {
+            "limit_s": limit, "verdict": "met" if out["next_trials_fixed_s_median"] <= limit
+            else "missed", "goal": f"a worker group's later trial costs at most torchrun's "
+            f"fixed cost per trial plus {LATER_TRIAL_MARGIN_S:g} s"}
+    return out
+
+
+def paired_ratio(ours: list[float], theirs: list[float], goal: float | None) -> dict[str, Any]:
+    """`ours / theirs` round by round, where each round measured both sides back to back: the
+    machine's drift from one round to the next (which on a small VM moved the bare loop by more
+    than the gap between runners, docs/performance.md) cancels within a pair. The rounds'
+    geometric mean with its 95% Student t interval on the logs (scipy: few rounds, ratios
+    multiply); and, given a `goal`, the verdict: `met` when the interval lies at or above it,
+    `missed` when wholly below, `undecided` when it straddles the goal (more rounds narrow it;
+    one round has no interval and decides nothing)."""
+    import numpy as np
+    from scipy.stats import ttest_1samp
+
+    logs = np.log(np.asarray(ours, float) / np.asarray(theirs, float))
+    out: dict[str, Any] = {"by_round": [float(x) for x in np.exp(logs)],
+                           "geomean": float(np.exp(logs.mean())), "ci95": None}
+    if len(logs) >= 2:
+        if np.ptp(logs) == 0:  # identical rounds: t's interval is undefined, the point is it
+            low = high = float(logs[0])
+        else:
+            ci = ttest_1samp(logs, 0.0).confidence_interval(0.95)
+            low, high = float(ci.low), float(ci.high)
+        out["ci95"] = [float(np.exp(low)), float(np.exp(high))]
+    if goal is not None:
+        out["goal"] = goal
+        if out["ci95"] is None:
+            out["verdict"] = "undecided"
+            out["reason"] = "one round: no interval; run --rounds 3 or more"
+        elif out["ci95"][0] >= goal:
+            out["verdict"] = "met"
+        elif out["ci95"][1] < goal:
+            out["verdict"] = "missed"
+        else:
+            out["verdict"] = "undecided"
+            out["reason"] = (f"the 95% interval {out['ci95'][0]:.3f}-{out['ci95'][1]:.3f} "
+                             f"straddles {goal:g}; more rounds narrow it")
     return out
 
 

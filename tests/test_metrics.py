@@ -197,3 +197,41 @@ def test_bench_overhead_breakdown_adds_up_per_trial():
     assert b["train_start.worker_launch"] == pytest.approx(3.5)  # beside, not in the sum
     parts = sum(v for k, v in b.items() if "." not in k)
     assert parts == pytest.approx((28.2 - 4.5) / 2)  # the sweep outside its windows, per trial
+
+
+def test_bench_overhead_ratio_pairs_rounds_and_judges_the_goal():
+    from raybench.harness import paired_ratio
+
+    # the machine's speed moves by half between rounds; the runners' gap (0.5%) stays: paired
+    # rounds see only the gap (a ratio of medians would see the drift's medians too)
+    theirs = [100.0, 150.0, 120.0]
+    r = paired_ratio([x * 0.995 for x in theirs], theirs, 0.99)
+    assert r["geomean"] == pytest.approx(0.995) and r["ci95"] == pytest.approx([0.995, 0.995])
+    assert r["verdict"] == "met"
+    missed = paired_ratio([97.0, 97.5, 97.2], [100.0] * 3, 0.99)
+    assert missed["verdict"] == "missed" and missed["ci95"][1] < 0.99
+    # 1% of noise per round cannot decide a 1% goal in three rounds
+    noisy = paired_ratio([100.0, 101.0, 99.5], [100.0] * 3, 0.99)
+    assert noisy["verdict"] == "undecided" and "straddles 0.99" in noisy["reason"]
+    assert noisy["ci95"][0] < 0.99 < noisy["ci95"][1]
+    one = paired_ratio([100.0], [101.0], 0.99)
+    assert one["ci95"] is None and one["verdict"] == "undecided"
+    assert "verdict" not in paired_ratio([1.0, 2.0], [1.0, 1.0], None)  # no goal, no verdict
+
+
+def test_bench_overhead_interval_holds_the_true_ratio_95_times_in_100():
+    """The interval's own promise, by simulation: rounds whose log-ratios scatter normally about
+    a known ratio; its 95% interval must hold that ratio in about 95% of 400 such runs."""
+    import numpy as np
+
+    from raybench.harness import paired_ratio
+
+    rng = np.random.default_rng(7)
+    true = 0.97
+    held = 0
+    for _ in range(400):
+        theirs = rng.uniform(100, 160, size=4)  # the machine's own speed, round by round
+        ours = theirs * true * np.exp(rng.normal(0.0, 0.02, size=4))
+        low, high = paired_ratio(list(ours), list(theirs), None)["ci95"]
+        held += low <= true <= high
+    assert 0.91 <= held / 400 <= 0.985

@@ -3,6 +3,8 @@ shared storage."""
 
 from __future__ import annotations
 
+import os
+
 import pandas as pd
 
 from raybench.grid import expand
@@ -126,3 +128,20 @@ def test_an_embedded_ray_counts_the_gpus_ray_finds_within_cuda_visible_devices(m
     assert cluster.local_shape()["GPU"] == 2
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert cluster.local_shape()["GPU"] == 0
+
+
+def test_tune_is_quiet_wherever_raybench_takes_its_ray_unless_verbose(monkeypatch):
+    # `bench overhead` never passes through the sweep's --verbose switch, and Tune's experiment
+    # box landed on its stdout, in front of its JSON line
+    import ray
+
+    from raybench import cluster
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)  # joins nothing, starts nothing
+    monkeypatch.delenv("RAY_AIR_NEW_OUTPUT", raising=False)
+    assert cluster.connect(None) is False
+    assert os.environ["RAY_AIR_NEW_OUTPUT"] == "0"
+    monkeypatch.delenv("RAY_AIR_NEW_OUTPUT")
+    monkeypatch.setattr(cluster, "_verbose", True)
+    cluster.connect(None)
+    assert "RAY_AIR_NEW_OUTPUT" not in os.environ
