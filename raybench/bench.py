@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from raybench import cli, workloads
@@ -93,8 +94,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "overhead":
         from raybench.harness import overhead
 
-        print(json.dumps({"raybench_overhead": overhead(spec, trials[0], args.rounds,
-                                                           args.trials_per_round)}))
+        try:
+            result = overhead(spec, trials[0], args.rounds, args.trials_per_round)
+        except workloads.NoBareTwin as e:  # found by the first bare loop, before Ray starts
+            print(f"raybench: bench overhead cannot compare {args.sweep}'s trial: {e}",
+                  file=sys.stderr)
+            return cli.EXIT_INVALID
+        print(json.dumps({"raybench_overhead": result}))
         return 0
     raise AssertionError(f"unhandled command {args.cmd}")  # argparse allows no other
 

@@ -34,12 +34,15 @@ def bare_loop(trial: TrialSpec) -> float:
     """Samples/s of the trial's training as its workload's bare twin (`Workload.bare_loop`):
     one process, no raybench, as a user would write it."""
     if trial.hardware.world_size != 1:
-        raise ValueError("the bare twin runs one rank")
+        raise workloads.NoBareTwin(
+            f"the bare loop runs one rank; this trial has {trial.hardware.world_size}: set "
+            "hardware.num_gpus (or hardware.cpu_workers) to 1")
     rate = workloads.get(trial.workload_name).bare_loop(trial.workload, trial.hardware,
                                                         trial.measure)
     if rate is None:
-        raise ValueError(f"{trial.workload_name} has no bare twin (Workload.bare_loop): bench "
-                         "overhead compares a workload that has one, such as resnet")
+        raise workloads.NoBareTwin(
+            f"{trial.workload_name} has no bare twin (Workload.bare_loop): bench overhead "
+            "compares a workload that has one, such as resnet")
     return rate
 
 

@@ -96,6 +96,39 @@ def test_channels_last_model_and_inputs(write_sweep):
     measure_rank(trial, ctx)
 
 
+@pytest.mark.parametrize("data", ["synthetic", "synthetic_device"])
+def test_the_bare_twin_trains_as_the_trial_does(write_sweep, monkeypatch, data):
+    """bench overhead's bare loop mirrors the trial's precision, memory format and input mode
+    (seen from inside its model's first convolution), and refuses what it cannot mirror."""
+    import torchvision
+
+    from raybench.harness import bare_loop
+
+    seen = []
+    build = torchvision.models.resnet18
+
+    def spied(**kw):
+        model = build(**kw)
+        model.conv1.register_forward_hook(lambda _m, args, out: seen.append(
+            (args[0].is_contiguous(memory_format=torch.channels_last), out.dtype)))
+        return model
+
+    monkeypatch.setattr(torchvision.models, "resnet18", spied)
+    threads = torch.get_num_threads()
+    try:
+        trial = one_trial(write_sweep, "hardware.precision=bf16", "hardware.channels_last=true",
+                          f"workload.data={data}")
+        assert bare_loop(trial) > 0
+        assert seen and set(seen) == {(True, torch.bfloat16)}
+        seen.clear()
+        assert bare_loop(one_trial(write_sweep, f"workload.data={data}")) > 0
+        assert set(seen) == {(False, torch.float32)}
+    finally:
+        torch.set_num_threads(threads)  # the twin sets the trial's threads, process-wide
+    with pytest.raises(ValueError, match="activation_checkpointing"):
+        bare_loop(one_trial(write_sweep, "workload.activation_checkpointing=true"))
+
+
 def test_data_wait_is_measured_with_a_loader(write_sweep):
     trial = one_trial(write_sweep, "hardware.dataloader_workers=1")
     r = measure_rank(trial, cpu_ctx(trial))

@@ -49,6 +49,12 @@ class Reference:
     source: str
 
 
+class NoBareTwin(ValueError):
+    """A trial `bench overhead` cannot set a plain PyTorch loop beside: its workload has no
+    twin (`Workload.bare_loop`), or the twin does not mirror one of its settings. Input to fix
+    (exit 2), raised before anything starts."""
+
+
 class WorkloadParams(BaseModel):
     """Parameters every workload has; a workload's own `Params` subclasses this."""
 
@@ -140,7 +146,8 @@ class Workload(ABC):
                   measure: MeasureSpec) -> float | None:
         """Samples/s of the same training as a plain single-process PyTorch loop, as a user
         would write it without raybench (`bench overhead` sets raybench's trial beside it);
-        None: this workload has no such twin."""
+        None: this workload has no such twin. Raises NoBareTwin for a setting it does not
+        mirror (never runs without it: the ratio would then weigh the setting, not raybench)."""
         return None
 
     @classmethod

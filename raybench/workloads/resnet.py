@@ -20,7 +20,7 @@ from torch.utils.data import Dataset
 
 from raybench.memory import steady_heap
 from raybench.sections import HardwareSpec, MeasureSpec
-from raybench.workloads import Reference, Servable, WorkloadParams, _memory, register
+from raybench.workloads import NoBareTwin, Reference, Servable, WorkloadParams, _memory, register
 from raybench.workloads._graphs import GraphedForward
 
 # torchvision is imported where a model or a dataset is built, not here: the sweep's driver
@@ -152,36 +152,73 @@ class Resnet(Servable):
     @classmethod
     def bare_loop(cls, p: WorkloadParams, hw: HardwareSpec, m: MeasureSpec) -> float | None:
         """Samples/s of the same training as a plain single-process loop (torchvision model,
-        optimizer, DataLoader; timed with perf_counter around the whole window, no per-step
-        sync on CPU), as a user would write it without raybench."""
+        optimizer, DataLoader or one resident batch; timed with perf_counter around the whole
+        window, no per-step sync), as a user would write it without raybench: the trial's
+        precision (autocast, fp16's loss scaling), memory format, compile and input mode in
+        plain PyTorch. Settings a plain loop would not have (raybench's activation
+        checkpointing, accumulation, real image folders) are refused, not ignored: on an H100
+        the twin would otherwise have run fp32 NCHW from host memory beside a bf16
+        channels-last trial on a resident batch, and the ratio said nothing of the harness."""
         import torchvision
+
+        from raybench.context import WorkerContext
 
         if not isinstance(p, ResnetParams):  # a family member (EfficientNet) has no twin
             return super().bare_loop(p, hw, m)
+        beyond = [what for what, on in (
+            ("workload.activation_checkpointing", p.activation_checkpointing),
+            ("hardware.grad_accum_steps > 1", hw.grad_accum_steps > 1),
+            ("workload.data: imagefolder", p.data == "imagefolder")) if on]
+        if beyond:
+            raise NoBareTwin(f"the bare loop does not mirror {', '.join(beyond)}: run bench "
+                             "overhead on the trial without it (--set), as a plain loop "
+                             "with it would be raybench's code again")
         device = torch.device("cuda", 0) if hw.use_gpu else torch.device("cpu")
         # the heap every rank has (worker.py): else the comparison would also weigh glibc's
         # history-dependent page faults (22-34 thousand/s in this loop by default), not the harness
         steady_heap()
         if not hw.use_gpu:
             torch.set_num_threads(max(1, int(hw.cpus_per_worker)))  # as Ray gives a CPU worker
+        # the process-wide TF32 and cuDNN flags as the trial sets them (their spelling differs
+        # by torch release; PyTorch's defaults would run an fp32 twin's convolutions in TF32)
+        WorkerContext.single(hw, device).set_math_mode()
+        dtype = {"bf16": torch.bfloat16, "amp_fp16": torch.float16}.get(hw.precision)
+        fmt = torch.channels_last if hw.channels_last else torch.contiguous_format
         torch.manual_seed(p.seed)
         model = getattr(torchvision.models, f"resnet{p.depth}")(num_classes=p.num_classes)
-        model = model.to(device)
+        model = model.to(device, memory_format=fmt)
+        net = torch.compile(model) if hw.compile else model
         opt = torch.optim.SGD(model.parameters(), lr=p.lr, momentum=0.9, weight_decay=1e-4)
+        scaler = torch.amp.GradScaler(device.type) if dtype == torch.float16 else None
         loss_fn = torch.nn.CrossEntropyLoss()
-        data = SyntheticImages(p.synthetic_samples, p.image_size, p.num_classes, p.seed)
-        w = hw.dataloader_workers
-        loader = torch.utils.data.DataLoader(
-            data, batch_size=p.batch_size, shuffle=True, num_workers=w, drop_last=True,
-            pin_memory=hw.use_gpu, persistent_workers=w > 0, prefetch_factor=4 if w > 0 else None)
-        batches = iter(loader)
+        if p.data == "synthetic_device":
+            g = torch.Generator().manual_seed(p.seed)
+            resident = (torch.randn(p.batch_size, 3, p.image_size, p.image_size, generator=g)
+                        .to(device).contiguous(memory_format=fmt),
+                        torch.randint(0, p.num_classes, (p.batch_size,), generator=g).to(device))
+            batches: Iterator[Any] = iter(lambda: resident, None)
+        else:
+            data = SyntheticImages(p.synthetic_samples, p.image_size, p.num_classes, p.seed)
+            w = hw.dataloader_workers
+            batches = iter(torch.utils.data.DataLoader(
+                data, batch_size=p.batch_size, shuffle=True, num_workers=w, drop_last=True,
+                pin_memory=hw.use_gpu, persistent_workers=w > 0,
+                prefetch_factor=4 if w > 0 else None))
 
         def step() -> None:
             images, labels = next(batches)
-            images, labels = images.to(device), labels.to(device)
+            images = images.to(device, non_blocking=True).contiguous(memory_format=fmt)
+            labels = labels.to(device, non_blocking=True)
             opt.zero_grad(set_to_none=True)
-            loss_fn(model(images), labels).backward()
-            opt.step()
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+                loss = loss_fn(net(images), labels)
+            if scaler is None:
+                loss.backward()
+                opt.step()
+            else:
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
 
         for _ in range(m.warmup_steps):
             step()
