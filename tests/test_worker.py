@@ -97,7 +97,8 @@ def test_channels_last_model_and_inputs(write_sweep):
 
 
 @pytest.mark.parametrize("data", ["synthetic", "synthetic_device"])
-def test_the_bare_twin_trains_as_the_trial_does(write_sweep, monkeypatch, data):
+@pytest.mark.parametrize("gpus", [0, pytest.param(1, marks=pytest.mark.gpu)])
+def test_the_bare_twin_trains_as_the_trial_does(write_sweep, monkeypatch, data, gpus):
     """bench overhead's bare loop mirrors the trial's precision, memory format and input mode
     (seen from inside its model's first convolution), and refuses what it cannot mirror."""
     import torchvision
@@ -117,11 +118,12 @@ def test_the_bare_twin_trains_as_the_trial_does(write_sweep, monkeypatch, data):
     threads = torch.get_num_threads()
     try:
         trial = one_trial(write_sweep, "hardware.precision=bf16", "hardware.channels_last=true",
-                          f"workload.data={data}")
+                          f"workload.data={data}", f"hardware.num_gpus={gpus}")
         assert bare_loop(trial) > 0
         assert seen and set(seen) == {(True, torch.bfloat16)}
         seen.clear()
-        assert bare_loop(one_trial(write_sweep, f"workload.data={data}")) > 0
+        assert bare_loop(one_trial(write_sweep, f"workload.data={data}",
+                                   f"hardware.num_gpus={gpus}")) > 0
         assert set(seen) == {(False, torch.float32)}
     finally:
         torch.set_num_threads(threads)  # the twin sets the trial's threads, process-wide
