@@ -7,6 +7,7 @@ time minus its measured window). The bare loop is the workload's own twin (`Work
 
 from __future__ import annotations
 
+import gc
 import logging
 import statistics
 import tempfile
@@ -39,6 +40,11 @@ def bare_loop(trial: TrialSpec) -> float:
             "hardware.num_gpus (or hardware.cpu_workers) to 1")
     rate = workloads.get(trial.workload_name).bare_loop(trial.workload, trial.hardware,
                                                         trial.measure)
+    if trial.hardware.use_gpu:
+        # the twin ran in this process, the driver, whose CUDA cache would otherwise hold its
+        # model's and batches' memory on the GPU while the Ray and torchrun trials run there
+        gc.collect()
+        torch.cuda.empty_cache()
     if rate is None:
         raise workloads.NoBareTwin(
             f"{trial.workload_name} has no bare twin (Workload.bare_loop): bench overhead "
