@@ -88,13 +88,26 @@ class LocalCluster:
         return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
                 *cmd]
 
-    def wait_for_nodes(self, n: int, timeout: float = 90) -> None:
+    def wait_for_nodes(self, n: int, timeout: float = 120) -> None:
+        """Until `n` nodes are alive. Each look is a driver of its own, started once the head's
+        GCS port takes connections. One look hung in `ray.init` past its 60 s on Ray 2.55.1
+        beside a loaded `make test` (2026-11-27; alone, a look started before the head had
+        connected within 12 s), which failed the module's set-up: a look that hangs is now
+        given up after 45 s and made again while time is left."""
         code = ("import ray,sys; ray.init(address=sys.argv[1], logging_level='ERROR'); "
                 "print(sum(1 for x in ray.nodes() if x['Alive']))")
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            r = subprocess.run([sys.executable, "-c", code, self.address], env=self.env,
-                               capture_output=True, text=True, timeout=60)
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                socket.create_connection((self.head_ip, self.port), timeout=2).close()
+            except OSError:
+                time.sleep(0.5)
+                continue
+            try:
+                r = subprocess.run([sys.executable, "-c", code, self.address], env=self.env,
+                                   capture_output=True, text=True, timeout=min(45, left))
+            except subprocess.TimeoutExpired:
+                continue
             if r.returncode == 0 and r.stdout.strip().splitlines()[-1:] == [str(n)]:
                 return
             time.sleep(2)
