@@ -19,6 +19,7 @@ import torch
 
 from raybench import workloads
 from raybench.memory import steady_heap
+from raybench.records import present
 from raybench.spec import SweepSpec
 from raybench.trials import TrialSpec, derive
 
@@ -29,6 +30,10 @@ log = logging.getLogger(__name__)
 # group's later trial costs at most torchrun's fixed cost per trial plus one second.
 THROUGHPUT_GOAL = 0.99
 LATER_TRIAL_MARGIN_S = 1.0
+# what else the machine did during each side's windows, from the rows: the ranks' CPU use and
+# their threads' time ready to run but waiting for a core (worker._usage). On two cores the
+# Ray trial's threads waited 19% of the window against torchrun's 5% (docs/performance.md).
+HOST_FIGURES = ("host/cpu_util_pct", "host/run_wait_pct")
 
 
 def bare_loop(trial: TrialSpec) -> float:
@@ -76,6 +81,7 @@ def overhead(spec: SweepSpec, trial: TrialSpec, rounds: int,
     first, later, ray_fixed, torchrun_thr, torchrun_fixed = [], [], [], [], []
     by_position: dict[int, list[float]] = {}  # samples/s by the trial's place in its group
     phases: dict[str, list[float]] = {}
+    host: dict[str, dict[str, list[float]]] = {"raybench": {}, "torchrun": {}}
     try:
         for i in range(rounds):
             bare.append(bare_loop(trial))
@@ -100,6 +106,10 @@ def overhead(spec: SweepSpec, trial: TrialSpec, rounds: int,
                 theirs = _ok_rows(Path(tmp), per_round)
             torchrun_thr.append(statistics.median(r["train/samples_per_s"] for r in theirs))
             torchrun_fixed += [float(r["overhead/fixed_s"]) for r in theirs]
+            for side, side_rows in (("raybench", rows), ("torchrun", theirs)):
+                for k in HOST_FIGURES:
+                    host[side].setdefault(k, []).extend(
+                        float(r[k]) for r in side_rows if present(r.get(k)))
             for name, value in breakdown(rows, sweep_s).items():
                 phases.setdefault(name, []).append(value)
             log.info("round %d: bare %.1f, raybench %.1f, torchrun %.1f samples/s; sweep of %d "
@@ -139,6 +149,9 @@ def overhead(spec: SweepSpec, trial: TrialSpec, rounds: int,
         "fixed_overhead_s_median": statistics.median(fixed),
         "fixed_cost_breakdown_s_median": {k: round(statistics.median(v), 3)
                                           for k, v in phases.items()},
+        "window_host_median": {side: {k: round(statistics.median(v), 1)
+                                      for k, v in figures.items() if v}
+                               for side, figures in host.items()},
     }
     if per_round > 1:  # each row's own fixed cost: the group's first trial, the ones after it
         out["first_trial_fixed_s_median"] = statistics.median(first)
