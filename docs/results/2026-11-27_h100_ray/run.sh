@@ -60,6 +60,11 @@ print(torch.cuda.get_device_name(0), torch.cuda.device_count())"
       # since two give the paired ratio's t interval one degree of freedom (12.7 standard
       # errors wide each side) and so no verdict on the 0.99 goal
       $py -m raybench.bench overhead $sw/resnet50.yaml --rounds 3 --set 'grid={batch_size: [256]}' ;;
+    overhead_group)  # issue 42's fixed-cost goal: a worker group's later trials against
+      # torchrun's start per trial (one round of three trials; the throughput verdict is the
+      # step above's)
+      $py -m raybench.bench overhead $sw/resnet50.yaml --rounds 1 --trials-per-round 3 \
+        --set 'grid={batch_size: [256]}' --set execution.isolation=worker ;;
     *) echo "unknown step $1"; return 2 ;;
   esac
 }
@@ -77,7 +82,7 @@ for name in "$@"; do
   left=$(( deadline - ($(date +%s) - t0) ))
   case $name in
     # Ray trials cost ~20-30 s each beyond their windows on the H200 (2026-11-26 README)
-    facts) max=30;; gpu_tests|ratio_local|tf32_local|offline_ray|vit_local) max=100;; ratio_ray|tf32_ray|server_batch) max=150;; vit_ray|vit_ray6) max=200;; overhead) max=300;; vit_local6) max=150;; *) max=150;;
+    facts) max=30;; gpu_tests|ratio_local|tf32_local|offline_ray|vit_local) max=100;; ratio_ray|tf32_ray|server_batch) max=150;; vit_ray|vit_ray6) max=200;; overhead|overhead_group) max=300;; vit_local6) max=150;; *) max=150;;
   esac
   limit=$(( max < left - 10 ? max : left - 10 ))
   if [ "$limit" -lt 20 ]; then echo "=== SKIP $name (${left}s left)" | tee -a "$log"; continue; fi
