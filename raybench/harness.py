@@ -12,6 +12,7 @@ import logging
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -60,15 +61,15 @@ def bare_loop(trial: TrialSpec) -> float:
 def overhead(spec: SweepSpec, trial: TrialSpec, rounds: int,
              per_round: int = 1) -> dict[str, Any]:
     """Bare loop without Ray, then bare, raybench on Ray and the same trials under torchrun
-    (the launcher users would otherwise script) in turn, with Ray up; medians of each.
+    (the launcher users would otherwise script) in turn, with Ray up; medians of each, and the
+    rounds' paired ratios with their verdicts (`_Rounds.summary`).
 
     Each raybench round is a sweep of `per_round` copies of the trial (seeds differ, cost does
     not): with `execution.isolation: worker` they share a worker group, and the figures say
     what the first trial costs (the group's start-up), what each one after it costs, and the
     sweep's time outside its measured windows per trial. The torchrun side starts every trial's
     ranks afresh, as a torchrun script per configuration does."""
-    from raybench import cluster, runners
-    from raybench.sweep import run_sweep
+    from raybench import cluster
 
     copies = [trial] if per_round == 1 else [
         derive(trial, rekey=True, index=i, workload={"seed": trial.workload.seed + i})
@@ -77,93 +78,119 @@ def overhead(spec: SweepSpec, trial: TrialSpec, rounds: int,
     # loop once with no Ray at all, then alternate bare and raybench with Ray up.
     no_ray = [bare_loop(trial) for _ in range(rounds)]
     started = cluster.connect(None)  # one Ray for all rounds: its start-up is not per trial
-    bare, ray_thr, trial_wall, fixed, measured = [], [], [], [], []
-    first, later, ray_fixed, torchrun_thr, torchrun_fixed = [], [], [], [], []
-    by_position: dict[int, list[float]] = {}  # samples/s by the trial's place in its group
-    phases: dict[str, list[float]] = {}
-    host: dict[str, dict[str, list[float]]] = {"raybench": {}, "torchrun": {}}
+    tally = _Rounds()
     try:
         for i in range(rounds):
-            bare.append(bare_loop(trial))
-            with tempfile.TemporaryDirectory() as tmp:
-                t0 = time.monotonic()
-                run_sweep(spec, copies, Path(tmp), runners.make("ray", spec, Path(tmp)))
-                sweep_s = time.monotonic() - t0
-                rows = _ok_rows(Path(tmp), per_round)
-            window = sum(r["train/measured_s"] for r in rows)
-            ray_thr.append(statistics.median(r["train/samples_per_s"] for r in rows))
-            trial_wall.append(sweep_s)
-            measured.append(window)
-            fixed.append((sweep_s - window) / per_round)
-            for r in rows:
-                by_position.setdefault(int(r.get("trial/group_position") or 0), []).append(
-                    float(r["train/samples_per_s"]))
-            first.append(float(rows[0]["overhead/fixed_s"]))
-            later += [float(r["overhead/fixed_s"]) for r in rows[1:]]
-            ray_fixed += [float(r["overhead/fixed_s"]) for r in rows]
-            with tempfile.TemporaryDirectory() as tmp:
-                run_sweep(spec, copies, Path(tmp), runners.make("torchrun", spec, Path(tmp)))
-                theirs = _ok_rows(Path(tmp), per_round)
-            torchrun_thr.append(statistics.median(r["train/samples_per_s"] for r in theirs))
-            torchrun_fixed += [float(r["overhead/fixed_s"]) for r in theirs]
-            for side, side_rows in (("raybench", rows), ("torchrun", theirs)):
-                for k in HOST_FIGURES:
-                    host[side].setdefault(k, []).extend(
-                        float(r[k]) for r in side_rows if present(r.get(k)))
-            for name, value in breakdown(rows, sweep_s).items():
-                phases.setdefault(name, []).append(value)
+            bare = bare_loop(trial)
+            rows, sweep_s = _sweep(spec, copies, "ray")
+            theirs, _ = _sweep(spec, copies, "torchrun")
+            tally.add(bare, rows, sweep_s, theirs)
             log.info("round %d: bare %.1f, raybench %.1f, torchrun %.1f samples/s; sweep of %d "
                      "trial(s) %.1f s, measured windows %.2f s, %.2f s per trial outside them",
-                     i, bare[-1], ray_thr[-1], torchrun_thr[-1], per_round, sweep_s, window,
-                     fixed[-1])
+                     i, bare, tally.ray[-1], tally.torchrun[-1], per_round, sweep_s,
+                     tally.measured[-1], tally.fixed[-1])
     finally:
         if started:
             cluster.shutdown()
-    ratio = statistics.median(ray_thr) / statistics.median(bare)
-    vs_torchrun = paired_ratio(ray_thr, torchrun_thr, THROUGHPUT_GOAL)
-    ci = vs_torchrun["ci95"]
+    out = {"config": trial.overrides or trial.config(), "rounds": rounds,
+           "heap": steady_heap(),  # the bare loop's, as the ranks' (host/heap in the rows)
+           "trials_per_round": per_round, "isolation": spec.execution.isolation,
+           "bare_no_ray_samples_per_s": no_ray, **tally.summary(no_ray)}
+    vs = out["throughput_vs_torchrun"]
     log.info("Ray / torchrun per-step throughput %.3f over %d round(s)%s: goal %g %s",
-             vs_torchrun["geomean"], rounds,
-             f", 95% interval {ci[0]:.3f}-{ci[1]:.3f}" if ci else "", THROUGHPUT_GOAL,
-             vs_torchrun["verdict"])
-    out = {
-        "config": trial.overrides or trial.config(), "rounds": rounds,
-        "heap": steady_heap(),  # the bare loop's, as the ranks' (host/heap in the rows)
-        "trials_per_round": per_round, "isolation": spec.execution.isolation,
-        "bare_no_ray_samples_per_s": no_ray,
-        "bare_samples_per_s": bare, "raybench_samples_per_s": ray_thr,
-        "throughput_ratio": ratio,
-        "throughput_ratio_vs_no_ray": statistics.median(ray_thr) / statistics.median(no_ray),
-        # against torchrun, trial by trial as the rows measure it (overhead/fixed_s: the
-        # trial's wall time outside its measured windows, from the runner's start of it)
-        "torchrun_samples_per_s": torchrun_thr,
-        "throughput_ratio_vs_torchrun": statistics.median(ray_thr)
-        / statistics.median(torchrun_thr),
-        # the same, round by round (each round measures both back to back), and the verdict
-        "throughput_vs_torchrun": vs_torchrun,
-        "throughput_vs_bare": paired_ratio(ray_thr, bare, None),
-        "raybench_trial_fixed_s_median": statistics.median(ray_fixed),
-        "torchrun_trial_fixed_s_median": statistics.median(torchrun_fixed),
-        "sweep_wall_s": trial_wall, "measured_window_s": measured,
-        # the sweep's time outside its measured windows, per trial
-        "fixed_overhead_s_median": statistics.median(fixed),
-        "fixed_cost_breakdown_s_median": {k: round(statistics.median(v), 3)
-                                          for k, v in phases.items()},
-        "window_host_median": {side: {k: round(statistics.median(v), 1)
-                                      for k, v in figures.items() if v}
-                               for side, figures in host.items()},
-    }
-    if per_round > 1:  # each row's own fixed cost: the group's first trial, the ones after it
-        out["first_trial_fixed_s_median"] = statistics.median(first)
-        out["next_trials_fixed_s_median"] = statistics.median(later)
-        out["raybench_samples_per_s_by_group_position"] = {
-            k: statistics.median(v) for k, v in sorted(by_position.items())}
-        limit = out["torchrun_trial_fixed_s_median"] + LATER_TRIAL_MARGIN_S
-        out["later_trial_fixed_cost"] = {
-            "limit_s": limit, "verdict": "met" if out["next_trials_fixed_s_median"] <= limit
-            else "missed", "goal": f"a worker group's later trial costs at most torchrun's "
-            f"fixed cost per trial plus {LATER_TRIAL_MARGIN_S:g} s"}
+             vs["geomean"], rounds, f", 95% interval {vs['ci95'][0]:.3f}-{vs['ci95'][1]:.3f}"
+             if vs["ci95"] else "", THROUGHPUT_GOAL, vs["verdict"])
     return out
+
+
+def _sweep(spec: SweepSpec, trials: list[TrialSpec], runner: str
+           ) -> tuple[list[dict[str, Any]], float]:
+    """One side of a round: the trials as a sweep on `runner`; their rows and the sweep's
+    wall time."""
+    from raybench import runners
+    from raybench.sweep import run_sweep
+
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.monotonic()
+        run_sweep(spec, trials, Path(tmp), runners.make(runner, spec, Path(tmp)))
+        return _ok_rows(Path(tmp), len(trials)), time.monotonic() - t0
+
+
+@dataclass
+class _Rounds:
+    """What `bench overhead`'s rounds gather, side by side, and what they come to."""
+
+    bare: list[float] = field(default_factory=list)
+    ray: list[float] = field(default_factory=list)  # samples/s, each round's median trial
+    torchrun: list[float] = field(default_factory=list)
+    sweep_s: list[float] = field(default_factory=list)  # the Ray side's sweeps
+    measured: list[float] = field(default_factory=list)  # their measured windows, summed
+    fixed: list[float] = field(default_factory=list)  # their time outside them, per trial
+    first: list[float] = field(default_factory=list)  # each row's own overhead/fixed_s: the
+    later: list[float] = field(default_factory=list)  # group's first trial, the ones after it
+    torchrun_fixed: list[float] = field(default_factory=list)
+    by_position: dict[int, list[float]] = field(default_factory=dict)  # samples/s by place
+    phases: dict[str, list[float]] = field(default_factory=dict)
+    host: dict[str, dict[str, list[float]]] = field(
+        default_factory=lambda: {"raybench": {}, "torchrun": {}})
+
+    def add(self, bare: float, rows: list[dict[str, Any]], sweep_s: float,
+            theirs: list[dict[str, Any]]) -> None:
+        window = sum(r["train/measured_s"] for r in rows)
+        self.bare.append(bare)
+        self.ray.append(statistics.median(r["train/samples_per_s"] for r in rows))
+        self.torchrun.append(statistics.median(r["train/samples_per_s"] for r in theirs))
+        self.sweep_s.append(sweep_s)
+        self.measured.append(window)
+        self.fixed.append((sweep_s - window) / len(rows))
+        self.first.append(float(rows[0]["overhead/fixed_s"]))
+        self.later += [float(r["overhead/fixed_s"]) for r in rows[1:]]
+        self.torchrun_fixed += [float(r["overhead/fixed_s"]) for r in theirs]
+        for r in rows:
+            self.by_position.setdefault(int(r.get("trial/group_position") or 0), []).append(
+                float(r["train/samples_per_s"]))
+        for side, side_rows in (("raybench", rows), ("torchrun", theirs)):
+            for k in HOST_FIGURES:
+                self.host[side].setdefault(k, []).extend(
+                    float(r[k]) for r in side_rows if present(r.get(k)))
+        for name, value in breakdown(rows, sweep_s).items():
+            self.phases.setdefault(name, []).append(value)
+
+    def summary(self, no_ray: list[float]) -> dict[str, Any]:
+        med = statistics.median
+        out: dict[str, Any] = {
+            "bare_samples_per_s": self.bare, "raybench_samples_per_s": self.ray,
+            "throughput_ratio": med(self.ray) / med(self.bare),
+            "throughput_ratio_vs_no_ray": med(self.ray) / med(no_ray),
+            # against torchrun, trial by trial as the rows measure it (overhead/fixed_s: the
+            # trial's wall time outside its measured windows, from the runner's start of it)
+            "torchrun_samples_per_s": self.torchrun,
+            "throughput_ratio_vs_torchrun": med(self.ray) / med(self.torchrun),
+            # the same, round by round (each round measures both back to back), and the verdict
+            "throughput_vs_torchrun": paired_ratio(self.ray, self.torchrun, THROUGHPUT_GOAL),
+            "throughput_vs_bare": paired_ratio(self.ray, self.bare, None),
+            "raybench_trial_fixed_s_median": med(self.first + self.later),
+            "torchrun_trial_fixed_s_median": med(self.torchrun_fixed),
+            "sweep_wall_s": self.sweep_s, "measured_window_s": self.measured,
+            # the sweep's time outside its measured windows, per trial
+            "fixed_overhead_s_median": med(self.fixed),
+            "fixed_cost_breakdown_s_median": {k: round(med(v), 3)
+                                              for k, v in self.phases.items()},
+            "window_host_median": {side: {k: round(med(v), 1) for k, v in figures.items() if v}
+                                   for side, figures in self.host.items()},
+        }
+        if self.later:  # a group of several trials: its first's fixed cost, the ones after it
+            limit = out["torchrun_trial_fixed_s_median"] + LATER_TRIAL_MARGIN_S
+            out.update({
+                "first_trial_fixed_s_median": med(self.first),
+                "next_trials_fixed_s_median": med(self.later),
+                "raybench_samples_per_s_by_group_position": {
+                    k: med(v) for k, v in sorted(self.by_position.items())},
+                "later_trial_fixed_cost": {
+                    "limit_s": limit, "verdict": "met" if med(self.later) <= limit
+                    else "missed", "goal": "a worker group's later trial costs at most "
+                    f"torchrun's fixed cost per trial plus {LATER_TRIAL_MARGIN_S:g} s"}})
+        return out
 
 
 def paired_ratio(ours: list[float], theirs: list[float], goal: float | None) -> dict[str, Any]:

@@ -219,6 +219,33 @@ def test_bench_overhead_ratio_pairs_rounds_and_judges_the_goal():
     assert "verdict" not in paired_ratio([1.0, 2.0], [1.0, 1.0], None)  # no goal, no verdict
 
 
+def test_bench_overhead_rounds_come_to_their_figures_and_verdicts():
+    from raybench.harness import LATER_TRIAL_MARGIN_S, _Rounds
+
+    def row(rate, fixed, position, wait, start=10.0, end=20.0):
+        return {"start_time": f"2026-01-01T00:00:{start:06.3f}+00:00",
+                "end_time": f"2026-01-01T00:00:{end:06.3f}+00:00", "train/measured_s": 2.0,
+                "train/samples_per_s": rate, "overhead/fixed_s": fixed,
+                "trial/group_position": position, "host/run_wait_pct": wait,
+                "host/cpu_util_pct": float("nan")}  # a column a row lacks is left out
+
+    tally = _Rounds()
+    for bare, ours, theirs in ((100.0, 99.5, 100.0), (120.0, 119.4, 120.0)):  # drift, same gap
+        rows = [row(ours - 0.5, 9.0, 0, 19.0), row(ours + 0.5, 2.0, 1, 21.0)]
+        tally.add(bare, rows, 25.0, [row(theirs, 7.0, 0, 5.0), row(theirs, 7.4, 0, 5.0)])
+    out = tally.summary([130.0, 131.0])
+    assert out["throughput_vs_torchrun"]["by_round"] == pytest.approx([0.995, 0.995])
+    assert out["throughput_vs_torchrun"]["verdict"] == "met"
+    assert out["fixed_overhead_s_median"] == pytest.approx((25.0 - 4.0) / 2)
+    assert (out["first_trial_fixed_s_median"], out["next_trials_fixed_s_median"]) == (9.0, 2.0)
+    assert out["torchrun_trial_fixed_s_median"] == pytest.approx(7.2)
+    assert out["later_trial_fixed_cost"]["limit_s"] == pytest.approx(7.2 + LATER_TRIAL_MARGIN_S)
+    assert out["later_trial_fixed_cost"]["verdict"] == "met"
+    assert out["window_host_median"] == {"raybench": {"host/run_wait_pct": 20.0},
+                                         "torchrun": {"host/run_wait_pct": 5.0}}
+    assert list(out["raybench_samples_per_s_by_group_position"]) == [0, 1]
+
+
 def test_bench_overhead_interval_holds_the_true_ratio_95_times_in_100():
     """The interval's own promise, by simulation: rounds whose log-ratios scatter normally about
     a known ratio; its 95% interval must hold that ratio in about 95% of 400 such runs."""
