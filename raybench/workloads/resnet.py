@@ -73,6 +73,14 @@ def normalise(img: torch.Tensor, mean: torch.Tensor = _MEAN, std: torch.Tensor =
     return (img.float().div_(255) - mean) / std
 
 
+def resident_batch(p: ImageParams) -> tuple[torch.Tensor, torch.Tensor]:
+    """`data: synthetic_device`'s one batch (normal images, random labels), on the host: the
+    trial and its bare twin each put it on their device."""
+    g = torch.Generator().manual_seed(p.seed)
+    images = torch.randn(p.batch_size, 3, p.image_size, p.image_size, generator=g)
+    return images, torch.randint(0, p.num_classes, (p.batch_size,), generator=g)
+
+
 class SyntheticImages(Dataset):
     """Deterministic random uint8 images, normalised like decoded JPEGs would be."""
 
@@ -133,9 +141,7 @@ class Resnet(Servable):
         self.scaler = ctx.grad_scaler()
         self.loss_fn = torch.nn.CrossEntropyLoss()
         if p.data == "synthetic_device":
-            g = torch.Generator().manual_seed(p.seed)
-            images = torch.randn(p.batch_size, 3, p.image_size, p.image_size, generator=g)
-            labels = torch.randint(0, p.num_classes, (p.batch_size,), generator=g)
+            images, labels = resident_batch(p)
             self._resident = (ctx.prepare_images(images), labels.to(ctx.device))
         else:
             self.loader = ctx.make_loader(self._dataset(), p.batch_size)
@@ -180,22 +186,21 @@ class Resnet(Servable):
         if not hw.use_gpu:
             torch.set_num_threads(max(1, int(hw.cpus_per_worker)))  # as Ray gives a CPU worker
         # the process-wide TF32 and cuDNN flags as the trial sets them (their spelling differs
-        # by torch release; PyTorch's defaults would run an fp32 twin's convolutions in TF32)
-        WorkerContext.single(hw, device).set_math_mode()
-        dtype = {"bf16": torch.bfloat16, "amp_fp16": torch.float16}.get(hw.precision)
+        # by torch release; PyTorch's defaults would run an fp32 twin's convolutions in TF32),
+        # and its precision as torch's own autocast and GradScaler (None unless fp16)
+        ctx = WorkerContext.single(hw, device)
+        ctx.set_math_mode()
         fmt = torch.channels_last if hw.channels_last else torch.contiguous_format
         torch.manual_seed(p.seed)
         model = getattr(torchvision.models, f"resnet{p.depth}")(num_classes=p.num_classes)
         model = model.to(device, memory_format=fmt)
         net = torch.compile(model) if hw.compile else model
         opt = torch.optim.SGD(model.parameters(), lr=p.lr, momentum=0.9, weight_decay=1e-4)
-        scaler = torch.amp.GradScaler(device.type) if dtype == torch.float16 else None
+        scaler = ctx.grad_scaler()
         loss_fn = torch.nn.CrossEntropyLoss()
         if p.data == "synthetic_device":
-            g = torch.Generator().manual_seed(p.seed)
-            resident = (torch.randn(p.batch_size, 3, p.image_size, p.image_size, generator=g)
-                        .to(device).contiguous(memory_format=fmt),
-                        torch.randint(0, p.num_classes, (p.batch_size,), generator=g).to(device))
+            images, labels = resident_batch(p)
+            resident = (images.to(device).contiguous(memory_format=fmt), labels.to(device))
             batches: Iterator[Any] = iter(lambda: resident, None)
         else:
             data = SyntheticImages(p.synthetic_samples, p.image_size, p.num_classes, p.seed)
@@ -210,7 +215,7 @@ class Resnet(Servable):
             images = images.to(device, non_blocking=True).contiguous(memory_format=fmt)
             labels = labels.to(device, non_blocking=True)
             opt.zero_grad(set_to_none=True)
-            with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+            with ctx.autocast():
                 loss = loss_fn(net(images), labels)
             if scaler is None:
                 loss.backward()
