@@ -94,13 +94,16 @@ class LocalCluster:
         beside a loaded `make test` (2026-11-27; alone, a look started before the head had
         connected within 12 s), which failed the module's set-up: a look that hangs is now
         given up after 45 s and made again while time is left."""
+        from raybench import cluster  # here: ray_nodes' other users need no Ray imported
+        from raybench.runners import Unreachable
+
         code = ("import ray,sys; ray.init(address=sys.argv[1], logging_level='ERROR'); "
                 "print(sum(1 for x in ray.nodes() if x['Alive']))")
         deadline = time.monotonic() + timeout
         while (left := deadline - time.monotonic()) > 0:
             try:
-                socket.create_connection((self.head_ip, self.port), timeout=2).close()
-            except OSError:
+                cluster.check_reachable(self.address, timeout_s=2)
+            except Unreachable:
                 time.sleep(0.5)
                 continue
             try:

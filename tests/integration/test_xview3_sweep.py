@@ -1,8 +1,8 @@
 """The xView3 CPU sweep on a real embedded Ray, shortened to one epoch of one 2-rank trial on
 three small scenes with the two-node test's small detector (whether the recipe learns is the
 detector test's question, tests/test_xview3_workload.py; the epoch took 3.1 s here instead of
-9.6 s): the preprocess stage hands its chips to the workload, evaluation is gathered across DDP ranks, the
-row carries the accuracy columns, and the best epoch becomes a Ray Train checkpoint. Its data
+9.6 s): the preprocess stage hands its chips to the workload, evaluation is gathered across DDP
+ranks, the row carries the accuracy columns, and the best epoch becomes a Ray Train checkpoint. Its data
 paths are relative, as in the shipped sweeps: they mean the directory the sweep started in, even
 inside Ray Train workers (Tune moves trial processes into trial directories)."""
 
