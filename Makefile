@@ -16,7 +16,8 @@ SWEEP  ?= sweeps/local_cpu.yaml
 ARGS   ?=
 
 # The oldest Ray release pyproject.toml accepts, and the tests that prove it: a sweep through
-# Tune and Train with a worker group, job submission, two nodes, each use of Ray's internals.
+# Tune and Train with a worker group, job submission, two nodes, each use of Ray's internals,
+# the Offline pass's actor pool (whose concurrency 2.55 and 2.60 name differently).
 # ONLY_OLDEST run on that release alone: the locked release runs the same path in the other tests
 # of their modules and in the fault, isolation and validate tests (a sweep through Tune and
 # Train on an embedded Ray, two nodes), so running them twice would buy little for its minute.
@@ -26,7 +27,8 @@ OLDEST_STAMP := $(OLDEST)/.installed-$(RAY_OLDEST)
 ONLY_OLDEST := tests/integration/test_sweep_e2e.py \
   tests/integration/test_multinode.py::test_a_trial_larger_than_a_node_is_spread_and_records_both
 OLDEST_TESTS := tests/test_ray_private.py $(ONLY_OLDEST) \
-  tests/integration/test_job_submit.py::test_job_submit_runs_the_local_sweep_with_token_authentication
+  tests/integration/test_job_submit.py::test_job_submit_runs_the_local_sweep_with_token_authentication \
+  tests/integration/test_offline_ray.py::test_the_replica_pool_is_asked_of_this_ray_in_its_own_terms
 
 .PHONY: sweep test test-fast test-ray-oldest lint venv lock clean
 

@@ -2,8 +2,9 @@
 
 Owns the two ways of running it (Ray Data: `map_batches` of the pass's batch numbers over a fixed
 pool of replica actors, one GPU each where the trial has GPUs, each replica taking its batch's
-inputs from a pool made before the pass and held in Ray's object store; in-process: the same
-pool, one thread per replica pulling batches from a shared queue)
+inputs from a pool made before the pass and held in Ray's object store, its share sent as a few
+tasks of several calls each; in-process: the same pool, one thread per replica pulling batches
+from a shared queue)
 and the figures (pure `summarize`): throughput over the timed pass (first batch start to last
 batch end, on one clock: `pass_seconds`), each replica's rate while busy, per-node throughput,
 utilisation, batch latency, agreement with the reference and the projected time of a dataset of
@@ -12,6 +13,7 @@ utilisation, batch latency, agreement with the reference and the projected time 
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import json
 import logging
@@ -169,6 +171,20 @@ def replica_facts(stats: list[dict[str, Any]], samples_per_s: float | None,
 
 POOL_BATCHES = 8  # distinct input batches a pass makes before it starts
 
+# How Ray Data carries the pass to the replicas. Each Ray Data task costs its actor about 5 ms of
+# CPU around the call (Ray Data's bookkeeping), and its end reaches the driver's executor tens of
+# ms later, which only then sends the next task. With one call per task and Ray Data's defaults
+# (two tasks in flight, one at a time in the actor) a replica sat 10-16 ms idle between calls:
+# 61-65% busy with calls of 26 ms on a 2-core VM, 71% with ResNet-50's 26 ms on the lent H100.
+# So each replica's share of the pass comes as TASKS_PER_REPLICA tasks of several calls, up to
+# TASKS_IN_FLIGHT of them sent ahead, and its actor takes ACTOR_TASKS at once: Ray Data still
+# makes one call at a time (one thread runs the UDF), so a task's bookkeeping overlaps another
+# task's call, never two forwards each other. Eight tasks a replica keep the pass's tail short
+# (one task is an eighth of a replica's share) and the replicas' shares even.
+TASKS_PER_REPLICA = 8
+TASKS_IN_FLIGHT = 4
+ACTOR_TASKS = 2
+
 
 def run_local(trial: TrialSpec, devices: list[Any]) -> tuple[list[dict], list[dict]]:
     """Offline pass in this process: one thread per replica, batches from a shared queue.
@@ -235,11 +251,13 @@ def run_ray(trial: TrialSpec, start_timeout_s: float, logical_gpus: bool = False
     inf, hw, b = trial.inference, trial.hardware, trial.workload.batch_size
     # The pass's batch numbers come from the driver (from_items: no read task), one replica
     # call each: Ray Data cuts batches of sample ids at its blocks' edges, so batch_size alone
-    # gave calls of other sizes (1,000 samples in 16 blocks: 62 or 63 ids each). Inputs are
-    # made by 0-CPU tasks: replicas may hold every CPU of the cluster (a task asking for one
-    # would then never be scheduled; seen with replicas of 1.45 CPUs on 3).
+    # gave calls of other sizes (1,000 samples in 16 blocks: 62 or 63 ids each). A block of
+    # numbers is one task (TASKS_PER_REPLICA). Inputs are made by 0-CPU tasks: replicas may
+    # hold every CPU of the cluster (a task asking for one would then never be scheduled; seen
+    # with replicas of 1.45 CPUs on 3).
     numbers = [{"batch": j} for j in range(math.ceil(inf.samples / b))]
-    ds = ray.data.from_items(numbers, override_num_blocks=max(1, min(len(numbers), 256)))
+    ds = ray.data.from_items(numbers, override_num_blocks=min(
+        len(numbers), TASKS_PER_REPLICA * inf.replicas))
     make = ray.remote(num_cpus=0)(_made)
     pool = [make.remote(trial, np.arange(lo, lo + b))
             for lo in range(0, pool_batches(trial) * b, b)]
@@ -250,8 +268,8 @@ def run_ray(trial: TrialSpec, start_timeout_s: float, logical_gpus: bool = False
     ds = ds.map_batches(
         _RayReplica, fn_constructor_kwargs={"trial": trial, "logical_gpus": logical_gpus,
                                             "pool": pool, "tail": tail},
-        batch_size=1, compute=ray.data.ActorPoolStrategy(size=inf.replicas),
-        num_cpus=hw.cpus_per_worker, num_gpus=1 if hw.use_gpu else 0, **env_option(hw.env))
+        batch_size=1, **replica_pool(inf.replicas), num_cpus=hw.cpus_per_worker,
+        num_gpus=1 if hw.use_gpu else 0, **env_option(hw.env))
     rows = []
     for row in ds.iter_rows():  # as they reach the driver: its clock times the pass
         row["arrived_s"] = time.perf_counter()
@@ -260,6 +278,21 @@ def run_ray(trial: TrialSpec, start_timeout_s: float, logical_gpus: bool = False
     # replica's idle share is read from
     log.info("offline pass of trial %s on Ray Data:\n%s", trial.key, ds.stats())
     return _unpack(rows)
+
+
+def replica_pool(replicas: int) -> dict[str, Any]:
+    """`map_batches` options for the fixed pool of replicas: TASKS_IN_FLIGHT sent to each,
+    ACTOR_TASKS at once in it. Ray 2.60 takes the latter as the pool's own
+    `max_concurrent_calls_per_actor`, and warns that Ray's actor option `max_concurrency`
+    among the remote args goes in 2.64; Ray 2.55 knows only the actor option."""
+    import ray
+
+    pool = ray.data.ActorPoolStrategy
+    if "max_concurrent_calls_per_actor" in inspect.signature(pool).parameters:
+        return {"compute": pool(size=replicas, max_tasks_in_flight_per_actor=TASKS_IN_FLIGHT,
+                                max_concurrent_calls_per_actor=ACTOR_TASKS)}
+    return {"compute": pool(size=replicas, max_tasks_in_flight_per_actor=TASKS_IN_FLIGHT),
+            "max_concurrency": ACTOR_TASKS}
 
 
 def env_option(env: dict[str, str]) -> dict[str, Any]:
@@ -271,12 +304,21 @@ def pass_seconds(records: list[dict[str, Any]]) -> float:
     """First batch start to last batch end, on one clock.
 
     Replicas on other nodes have other clocks: their `t_start` times differ by the nodes'
-    clock skew, which would enter the throughput. On Ray each batch carries `arrived_s`, the
-    driver's clock when it reached the driver; its start is that minus its service time (a
-    duration, measured on one replica's clock). In-process all replicas share one clock."""
+    clock skew, which would enter the throughput. On Ray each batch also carries `arrived_s`,
+    the driver's clock when it reached the driver, and each node's clock is put on the
+    driver's by its quickest hand-over: the smallest `arrived_s - t_end` of its batches. So
+    replicas on one node are timed on their own clock, and nodes differ by no more than their
+    quickest hand-overs do. A batch's own arrival is no measure of its start: Ray Data hands a
+    task's calls over together, and the first ones, with the pipeline filling, waited longest,
+    so `arrived_s - service_s` put the start late (passes 0.5-8.5% short on a 2-core VM with
+    one call a task, more with several). In-process all replicas share one clock."""
     if all(r.get("arrived_s") is not None for r in records):
-        return (max(r["arrived_s"] for r in records)
-                - min(r["arrived_s"] - r["service_s"] for r in records))
+        offset: dict[str, float] = {}
+        for r in records:
+            lag = r["arrived_s"] - r["t_end"]
+            offset[r["node"]] = min(lag, offset.get(r["node"], lag))
+        return (max(r["t_end"] + offset[r["node"]] for r in records)
+                - min(r["t_start"] + offset[r["node"]] for r in records))
     return max(r["t_end"] for r in records) - min(r["t_start"] for r in records)
 
 
@@ -306,7 +348,9 @@ def _made(t: TrialSpec, ids: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarr
 
 
 class _RayReplica:
-    """Ray Data's callable class around a Replica; one row per sample, batch facts repeated."""
+    """Ray Data's callable class around a Replica; one row per call: its record and the
+    replica's facts (a row per sample made each ResNet batch of 256 into 256 rows for Ray Data
+    to build and the driver to read, for the same figures)."""
 
     def __init__(self, trial: TrialSpec, logical_gpus: bool, pool: list, tail: Any):
         import ray
@@ -329,25 +373,17 @@ class _RayReplica:
         self.seq += 1
         facts = {**rec, **{f"stat_{k}": v for k, v in self.replica.stats().items()},
                  "seq": self.seq}
-        n = len(ids)
-        cols = {"id": ids}
-        for k, v in facts.items():
-            cols[k] = np.array([v] * n, dtype=object if v is None or isinstance(v, str) else None)
-        return cols
+        return {k: np.array([v], dtype=object if v is None or isinstance(v, str) else None)
+                for k, v in facts.items()}
 
 
 def _unpack(rows: list[dict[str, Any]]) -> tuple[list[dict], list[dict]]:
-    """Per-sample rows back to per-batch records and per-replica facts."""
-    batches: dict[tuple[Any, int], dict[str, Any]] = {}
-    stats: dict[Any, dict[str, Any]] = {}
-    for row in rows:
-        key = (row["replica"], int(row["seq"]))
-        if key not in batches:
-            batches[key] = {k: _plain(v) for k, v in row.items()
-                            if not k.startswith("stat_") and k not in ("id", "seq")}
-        batches[key]["arrived_s"] = row["arrived_s"]  # the batch's last row
-        stats[row["replica"]] = {k[5:]: _plain(v) for k, v in row.items() if k.startswith("stat_")}
-    return list(batches.values()), list(stats.values())
+    """Per-call rows back to per-batch records and per-replica facts (its latest)."""
+    batches = [{k: _plain(v) for k, v in row.items() if not k.startswith("stat_") and k != "seq"}
+               for row in rows]
+    stats = {row["replica"]: {k[5:]: _plain(v) for k, v in row.items() if k.startswith("stat_")}
+             for row in sorted(rows, key=lambda r: int(r["seq"]))}
+    return batches, list(stats.values())
 
 
 def _plain(v: Any) -> Any:

@@ -124,6 +124,36 @@ def test_the_pass_is_timed_on_one_clock_across_nodes():
     assert m["infer/replica_wait_p90_ms"] == pytest.approx(25.0)
 
 
+def test_the_pass_starts_at_its_first_call_however_late_ray_data_hands_it_over():
+    """Ray Data hands a task's calls over together, and the pass's first calls wait longest (its
+    pipeline filling): one replica's 8 calls of 0.1 s, back to back, in two tasks of four; the
+    second task's calls reach the driver 0.05 s after its last call ends, the first's 0.3 s
+    after. The pass is the replica's 0.8 s on its own clock. Timed by each batch's arrival
+    less its service time, it was 0.25 s: 3.2 times the throughput the replica gave."""
+    recs = []
+    for b in range(8):
+        t = 5000.0 + 0.1 * b  # the replica's clock
+        recs.append({"replica": 0, "node": "10.0.0.1", "n": 4, "t_start": t, "t_end": t + 0.1,
+                     "service_s": 0.1})
+    task_end = {0: 5000.4, 1: 5000.8}  # each task's last call's end, the replica's clock
+    for r in recs:
+        task = int(r["t_start"] >= 5000.4 - 1e-9)
+        # the driver's clock runs 4,000 s behind the replica's
+        r["arrived_s"] = task_end[task] - 4000.0 + (0.3 if task == 0 else 0.05)
+    assert offline.pass_seconds(recs) == pytest.approx(0.8)
+    old = max(r["arrived_s"] for r in recs) - min(r["arrived_s"] - r["service_s"] for r in recs)
+    assert old == pytest.approx(0.25)
+    # a second node, whose clock runs 60 s ahead, makes two calls ending 0.15 s after the
+    # first node's last, each reaching the driver 0.01 s after its end: each node's clock is
+    # put on the driver's by its own quickest hand-over, so the pass of 0.95 s comes out short
+    # by their difference (0.05 - 0.01 s), whatever the nodes' clocks say
+    for b in range(2):
+        t = 5060.75 + 0.1 * b
+        recs.append({"replica": 1, "node": "10.0.0.2", "n": 4, "t_start": t, "t_end": t + 0.1,
+                     "service_s": 0.1, "arrived_s": t + 0.1 - 4060.0 + 0.01})
+    assert offline.pass_seconds(recs) == pytest.approx(0.95 - (0.05 - 0.01))
+
+
 def test_offline_inputs_are_made_before_the_pass_and_handed_out_in_turn(monkeypatch):
     """The Ray pass cycles a pool of batches made before it (on the lent H200, inputs made
     during the pass held a replica to 57.6% busy), which each replica takes from the object
@@ -159,7 +189,7 @@ def test_offline_inputs_are_made_before_the_pass_and_handed_out_in_turn(monkeypa
     replica.tail = offline._made(Served.trial, np.array([24, 25]))
     for j in range(7):  # batch numbers, as Ray Data hands them over
         out = replica({"batch": np.array([j])})
-        assert list(out["id"]) == seen[-1][0]  # the rows carry the samples served
+        assert list(out["n"]) == [len(seen[-1][0])]  # one row per call, its samples counted
     assert seen[:3] == [([0, 1, 2, 3], True), ([4, 5, 6, 7], True), ([8, 9, 10, 11], True)]
     assert seen[3:6] == [([0, 1, 2, 3], False), ([4, 5, 6, 7], False), ([8, 9, 10, 11], False)]
     assert seen[6] == ([24, 25], True)  # the short last batch: its own samples

@@ -45,8 +45,9 @@ print(torch.cuda.get_device_name(0), torch.cuda.device_count())"
     vit_ray6) sweep $sw/vit_tiles.yaml --output runs/vit_ray6 --set measure.max_repeats=6 ;;
     vit_local6) sweep $sw/vit_tiles.yaml --runner local --output runs/vit_local6 \
         --set measure.max_repeats=6 ;;
-    # Offline after 111c006 (one replica call per batch number); Server with dynamic batching
-    # after 45038e7 (a replica warms every call size it will be sent)
+    # Offline after 111c006 (one replica call per batch number), and again after the pass's
+    # tasks of several calls and its clock (2026-11-27, offline.replica_pool, pass_seconds);
+    # Server with dynamic batching after 45038e7 (a replica warms every call size it will be sent)
     offline_ray) sweep $sw/inference.yaml --output runs/offline_ray ;;
     server_batch) sweep $sw/server_graphs.yaml --output runs/server_batch \
         --set inference.max_batch_queries=8 ;;
