@@ -288,11 +288,10 @@ def replica_pool(replicas: int) -> dict[str, Any]:
     import ray
 
     pool = ray.data.ActorPoolStrategy
+    fixed = {"size": replicas, "max_tasks_in_flight_per_actor": TASKS_IN_FLIGHT}
     if "max_concurrent_calls_per_actor" in inspect.signature(pool).parameters:
-        return {"compute": pool(size=replicas, max_tasks_in_flight_per_actor=TASKS_IN_FLIGHT,
-                                max_concurrent_calls_per_actor=ACTOR_TASKS)}
-    return {"compute": pool(size=replicas, max_tasks_in_flight_per_actor=TASKS_IN_FLIGHT),
-            "max_concurrency": ACTOR_TASKS}
+        return {"compute": pool(**fixed, max_concurrent_calls_per_actor=ACTOR_TASKS)}
+    return {"compute": pool(**fixed), "max_concurrency": ACTOR_TASKS}
 
 
 def env_option(env: dict[str, str]) -> dict[str, Any]:
