@@ -10,11 +10,10 @@ compares Ray Data chipping with the reference's serial whole-band chipping (data
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
-from raybench import cli, workloads
+from raybench import cli, console, workloads
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,6 +67,11 @@ def main(argv: list[str] | None = None) -> int:
                            *(["--resume"] if args.resume else []),
                            *(["--jsonl"] if args.jsonl else [])])
     cli.setup_logging()
+    with console.held():
+        return _command(args)
+
+
+def _command(args: argparse.Namespace) -> int:
     if args.cmd == "history":
         return _history(args)
     if args.cmd == "chips":
@@ -75,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
 
         result = compare(Path(args.data), args.scenes, args.size, args.chip_size, args.cpus,
                          args.seed, args.settle)
-        print(json.dumps({"raybench_chips_bench": result}))
+        console.emit({"raybench_chips_bench": result})
         return 0
     loaded = cli.load(args.sweep, args.set)
     if loaded is None:
@@ -89,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             chosen = t.index in wanted if wanted else \
                 workloads.get(t.workload_name).forward_only(t.workload)
             if chosen:
-                print(json.dumps({"raybench_forward_check": forward_check(t)}), flush=True)
+                console.emit({"raybench_forward_check": forward_check(t)})
         return 0
     if args.cmd == "overhead":
         from raybench.harness import overhead
@@ -100,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"raybench: bench overhead cannot compare {args.sweep}'s trial: {e}",
                   file=sys.stderr)
             return cli.EXIT_INVALID
-        print(json.dumps({"raybench_overhead": result}))
+        console.emit({"raybench_overhead": result})
         return 0
     raise AssertionError(f"unhandled command {args.cmd}")  # argparse allows no other
 
@@ -123,7 +127,7 @@ def _history(args: argparse.Namespace) -> int:
     row = pd.read_parquet(source).iloc[0].to_dict()
     with tempfile.TemporaryDirectory() as tmp:
         result = benchmark(row, Path(tmp), args.rows, args.runs)
-    print(json.dumps({"raybench_history_bench": {"row_from": str(source), **result}}))
+    console.emit({"raybench_history_bench": {"row_from": str(source), **result}})
     return 0
 
 

@@ -9,12 +9,12 @@ and the exit itself.
 from __future__ import annotations
 
 import gc
-import json
 import logging
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
+from raybench import console
 from raybench.grid import expand, stage_variants
 from raybench.rundir import run_directory
 from raybench.spec import SpecError, SweepSpec, load_sweep
@@ -105,7 +105,7 @@ def output_dir(spec: SweepSpec, override: str | None, resume: bool = False) -> P
 
 def finish(summary: dict[str, Any]) -> int:
     """Print the machine-readable last line; 0 when every trial is ok, else 3."""
-    print(json.dumps({"raybench": summary}), flush=True)
+    console.emit({"raybench": summary})
     if summary.get("interrupted"):
         return 128 + summary["interrupted"]
     return EXIT_OK if summary["failed"] == 0 else EXIT_TRIALS_FAILED

@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from raybench import columns, interrupts, peaks, store, workloads
+from raybench import columns, console, interrupts, peaks, store, workloads
 from raybench.records import Status, TrialOutcome, now, present, uniform_cells
 from raybench.report.assess import validity
 from raybench.spec import SweepSpec
@@ -157,7 +157,7 @@ class RowWriter:
         })
         self._append(row)
         if self.jsonl:
-            print(json.dumps({"raybench_trial": trial_line(row)}, default=str), flush=True)
+            console.emit({"raybench_trial": trial_line(row)})
         self.done[trial.key] = outcome.status
         # what a search needs to judge a probe; raw records stay in the trial JSON only
         self.outcomes[trial.key] = TrialOutcome(status=outcome.status, metrics=outcome.metrics)

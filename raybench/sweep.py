@@ -11,6 +11,7 @@ interrupted by SIGINT/SIGTERM (the rows written so far are whole; `--resume` fin
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
 import threading
@@ -18,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from raybench import cli, fingerprint, interrupts, peaks, runners, store, workloads
+from raybench import cli, console, fingerprint, interrupts, peaks, runners, store, workloads
 from raybench.data.stage import PreprocessSpec
 from raybench.grid import stage_variants
 from raybench.history import History
@@ -51,6 +52,12 @@ def main(argv: list[str] | None = None) -> int:
 
         cluster.show_ray_output(args.verbose)
     t0 = time.monotonic()
+    # stdout for the JSON lines alone (console.py); a dry run's plan is text for a person
+    with contextlib.nullcontext() if args.dry_run else console.held():
+        return _main(args, t0)
+
+
+def _main(args: argparse.Namespace, t0: float) -> int:
     started = _ray_beside_the_workload(args)
     try:
         return _run(args, t0, started)

@@ -26,7 +26,7 @@ from typing import Any
 
 import pandas as pd
 
-from raybench import cli
+from raybench import cli, console
 from raybench.runners import Unreachable
 from raybench.verdict import LEVELS, Margins, MarginsError, Verdict, judge, load_margins
 
@@ -46,16 +46,17 @@ def main(argv: list[str] | None = None) -> int:
         return cli.EXIT_INVALID
     from raybench import cluster
 
-    try:
-        started = cluster.connect(args.address)
-    except Unreachable as e:
-        print(f"raybench: {e}", file=sys.stderr)
-        return cli.EXIT_INVALID
-    try:
-        return _validate(args, margins)
-    finally:
-        if started:
-            cluster.shutdown()
+    with console.held():  # stdout for the verdict's JSON line alone (console.py)
+        try:
+            started = cluster.connect(args.address)
+        except Unreachable as e:
+            print(f"raybench: {e}", file=sys.stderr)
+            return cli.EXIT_INVALID
+        try:
+            return _validate(args, margins)
+        finally:
+            if started:
+                cluster.shutdown()
 
 
 def _validate(args: argparse.Namespace, margins: Margins) -> int:
@@ -87,7 +88,7 @@ def _validate(args: argparse.Namespace, margins: Margins) -> int:
         {**summary, "devices": [asdict(v) for v in gpu_v], "nodes": [asdict(v) for v in node_v]},
         indent=1, default=str))
     (out / "validation.html").write_text(page(gpu_v, node_v, summary))
-    print(json.dumps({"raybench_validate": summary}, default=str), flush=True)
+    console.emit({"raybench_validate": summary})
     return EXIT_FAILED if summary["verdict"] == "fail" else cli.EXIT_OK
 
 

@@ -36,7 +36,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from raybench import store
+from raybench import console, store
 from raybench.data import xview3 as x3
 from raybench.data.chipread import ChipParams, ChipReadError, Scene, scene_shape, timed
 from raybench.data.draws import Draws
@@ -355,19 +355,20 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     params = ChipParams(args.chip_size, args.overlap, tuple(args.channels.split(",")),
                         args.normalize)
-    try:
-        params.validate()
-        import ray
+    with console.held():  # stdout for the summary line alone (Ray's messages: stderr)
+        try:
+            params.validate()
+            import ray
 
-        # a Ray of its own (cluster.connect says why "local")
-        ray.init(address="local", num_cpus=args.num_cpus, include_dashboard=False,
-                 logging_level=logging.WARNING)
-        summary = chip_scenes(args.scenes, args.labels, args.out, params,
-                              args.select, args.background, args.seed, args.on_error)
-    except (ValueError, FileNotFoundError, ChipReadError) as e:
-        print(f"raybench: chipping failed: {e}", file=sys.stderr)
-        return 2
-    print(json.dumps({"raybench_chips": summary}))
+            # a Ray of its own (cluster.connect says why "local")
+            ray.init(address="local", num_cpus=args.num_cpus, include_dashboard=False,
+                     logging_level=logging.WARNING)
+            summary = chip_scenes(args.scenes, args.labels, args.out, params,
+                                  args.select, args.background, args.seed, args.on_error)
+        except (ValueError, FileNotFoundError, ChipReadError) as e:
+            print(f"raybench: chipping failed: {e}", file=sys.stderr)
+            return 2
+        console.emit({"raybench_chips": summary})
     return 0
 
 

@@ -4,6 +4,7 @@ subprocess of `python -m raybench.sweep`); the table on disk is what is checked.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -134,14 +135,17 @@ def test_worker_process_killed_mid_trial(tmp_path, retries):
     """On the sweep's own embedded Ray (no cluster of the test's: one start less), whose
     processes share the sweep process's session, so only its workers are candidates. One 8 s
     window (the shipped sweep measures three): the kill lands in it, and the retry measures
-    it again (16 s of CI time less)."""
+    it again (16 s of CI time less).
+
+    With `--jsonl`, stdout holds the JSON lines and nothing else, though Ray's driver prints
+    the raylet's word of the dead worker to stdout (console.py): it is on stderr."""
     out = tmp_path / "run"
     proc = subprocess.Popen(
-        sweep_cmd(out, "--set", "grid={batch_size: [8]}",
+        sweep_cmd(out, "--set", "grid={batch_size: [8]}", "--jsonl",
                   "--set", "measure.measure_steps=null", "--set", "measure.warmup_steps=2",
                   "--set", "measure.measure_seconds=8", "--set", "measure.repeats=1",
                   "--set", f"execution.max_retries={retries}"),
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True)
     try:
         deadline = time.monotonic() + 180
@@ -152,11 +156,16 @@ def test_worker_process_killed_mid_trial(tmp_path, retries):
             time.sleep(0.3)
         assert victim is not None, "no Ray Train worker appeared"
         victim.send_signal(signal.SIGKILL)
-        log, _ = proc.communicate(timeout=300)
+        stdout, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:  # a failed assertion above: end the sweep and its Ray
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
+    log = stdout + err
+    assert [line for line in stdout.splitlines() if not line.startswith("{")] == []
+    lines = [json.loads(line) for line in stdout.splitlines()]
+    assert [next(iter(x)) for x in lines] == ["raybench_trial", "raybench"], stdout[-3000:]
+    assert "(raylet)" in err and "died" in err, err[-3000:]
     (row,) = table(out).to_dict("records")
     if retries:
         assert proc.returncode == 0, log[-3000:]

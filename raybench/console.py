@@ -1,0 +1,67 @@
+"""The commands' stdout, kept for their JSON lines.
+
+`python -m raybench.sweep` (its `--jsonl` lines and the closing `{"raybench": ...}`),
+`bench` and `validate` write machine-readable lines on stdout, and pipelines read them there.
+Anything else that reaches stdout while a command runs breaks such a reader, and Ray's driver
+writes there whatever `log_to_driver` says: a thread of its own prints the raylet's messages to
+`sys.stdout` ("(raylet) A worker died or was killed while executing a task ...", "8 PYTHON worker
+processes have been started ..."), coloured. Ranks that the local runner spawns inherit file
+descriptor 1 as well. So while a command holds stdout (`held`), its JSON lines go out through
+`emit`, and everything else written to stdout goes to stderr. Imports nothing of raybench.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any, TextIO
+
+_lines: TextIO | None = None  # where emit writes while a command holds stdout
+
+
+def emit(record: dict[str, Any]) -> None:
+    """One JSON line on the command's stdout."""
+    print(json.dumps(record, default=str), file=_lines or sys.stdout, flush=True)
+
+
+@contextlib.contextmanager
+def held() -> Iterator[None]:
+    """For the block's length only `emit` reaches stdout; the rest goes to stderr.
+
+    Where stdout is this process's file descriptor 1 (a command run from a shell), the
+    descriptor itself is pointed at stderr, so child processes and C code follow, and emit
+    writes to a copy of the original. Where it is something else (a test's redirect_stdout, an
+    embedding program's stream), only `sys.stdout` is swapped: the descriptors are not this
+    code's to move. Nested blocks (`bench run` calls the sweep's main) hold it once."""
+    global _lines
+    if _lines is not None:
+        yield
+        return
+    out = sys.stdout
+    out.flush()
+    try:
+        own_fd = out.fileno() == 1
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation: a StringIO
+        own_fd = False
+    if own_fd:
+        saved = os.dup(1)
+        _lines = os.fdopen(os.dup(saved), "w", encoding=out.encoding or "utf-8")
+        os.dup2(2, 1)
+    else:
+        _lines = out
+        sys.stdout = sys.stderr
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        if own_fd:
+            out.flush()  # what went to descriptor 1 meanwhile: stderr
+            _lines.close()
+            os.dup2(saved, 1)
+            os.close(saved)
+        else:
+            sys.stdout = out
+        _lines = None
