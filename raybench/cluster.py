@@ -42,9 +42,10 @@ def show_ray_output(verbose: bool) -> None:
 
 
 def _quiet_tune() -> None:
-    """Tune's new output prints its experiment box on stdout at any verbosity; the older one is
-    silent at verbose=0. Read by the driver at each fit, so set wherever this process takes its
-    Ray: `bench overhead`'s stdout is its JSON line, and it printed the box there too."""
+    """Tune's new output prints its experiment box at any verbosity; the older one is silent at
+    verbose=0. Read by the driver at each fit, so set wherever this process takes its Ray
+    (`bench overhead` too). The commands' stdout would keep the box out of their JSON lines
+    anyway (console.py); this keeps it out of the log on stderr."""
     if not _verbose:
         os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
 
