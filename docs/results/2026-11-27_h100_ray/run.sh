@@ -7,7 +7,8 @@
 # left is skipped and said so), each under its own time limit. Every step's run directory goes
 # under runs/; after each step runs/ is packed into $OUT/runs.tar.gz (no pages or traces) and
 # the log is $OUT/log.txt, so what ran comes back even when a later step fails or the call's
-# limit cuts it.
+# limit cuts it. The fifth run (an H200, 2026-11-27 evening, ../2026-11-27_h200_ray/) used it as
+# it was at b153710; window_probe, vit_inf_ab and the /proc/stat lines came after it.
 set -u
 here=docs/results/2026-11-27_h100_ray
 sw=$here/sweeps
@@ -66,6 +67,19 @@ print(torch.cuda.get_device_name(0), torch.cuda.device_count())"
       # step above's)
       $py -m raybench.bench overhead $sw/resnet50.yaml --rounds 1 --trials-per-round 3 \
         --set 'grid={batch_size: [256]}' --set execution.isolation=worker ;;
+    # 2026-11-27 on the H200: window sync read slower than step sync in the gpu test (host
+    # batches); both data modes, both syncs, alternating (window_probe.py says what it runs)
+    window_probe) $py $here/window_probe.py ;;
+    # the same day: ViT-L inference at tile 256 ran at 803 tiles/s through Ray against 1,412
+    # in-process (forward p50 9.1 against 5.4 ms), where the H100 run had 5.28 against 5.27:
+    # that trial alone, Ray and in-process in turn, twice
+    vit_inf_ab)
+      for i in 1 2; do
+        for runner in ray local; do
+          sweep $sw/vit_tiles.yaml --runner $runner --output runs/vit_inf_${runner}$i \
+            --set 'grid={mode: [inference], tile: [256]}' --set measure.max_repeats=6
+        done
+      done ;;
     *) echo "unknown step $1"; return 2 ;;
   esac
 }
@@ -83,14 +97,19 @@ for name in "$@"; do
   left=$(( deadline - ($(date +%s) - t0) ))
   case $name in
     # Ray trials cost ~20-30 s each beyond their windows on the H200 (2026-11-26 README)
-    facts) max=30;; gpu_tests|ratio_local|tf32_local|offline_ray|vit_local) max=100;; ratio_ray|tf32_ray|server_batch) max=150;; vit_ray|vit_ray6) max=200;; overhead|overhead_group) max=300;; vit_local6) max=150;; *) max=150;;
+    facts) max=30;; gpu_tests|ratio_local|tf32_local|offline_ray|vit_local) max=100;; ratio_ray|tf32_ray|server_batch) max=150;; vit_ray|vit_ray6) max=200;; window_probe) max=90;; vit_inf_ab) max=150;; overhead|overhead_group) max=300;; vit_local6) max=150;; *) max=150;;
   esac
   limit=$(( max < left - 10 ? max : left - 10 ))
   if [ "$limit" -lt 20 ]; then echo "=== SKIP $name (${left}s left)" | tee -a "$log"; continue; fi
   echo "=== $name start $(date -u +%T), limit ${limit}s" | tee -a "$log"
+  # the machine's CPU counters (user ... steal) around each step: a hypervisor taking the
+  # vCPUs shows as steal
+  grep '^cpu ' /proc/stat >> "$log"
   s=$(date +%s)
   timeout -k 10 "$limit" bash "$0" step "$name" >> "$log" 2>&1
-  echo "=== $name rc=$? in $(( $(date +%s) - s ))s" | tee -a "$log"
+  rc=$?
+  grep '^cpu ' /proc/stat >> "$log"
+  echo "=== $name rc=$rc in $(( $(date +%s) - s ))s" | tee -a "$log"
   tail -n 3 "$log" | grep -h '"raybench"' | cut -c1-300
   tar czf "$out/runs.tar.gz" --exclude='*.html' --exclude='*.trace.json' runs
 done
