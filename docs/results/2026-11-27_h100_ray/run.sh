@@ -62,6 +62,10 @@ print(torch.cuda.get_device_name(0), torch.cuda.device_count())"
       # since two give the paired ratio's t interval one degree of freedom (12.7 standard
       # errors wide each side) and so no verdict on the 0.99 goal
       $py -m raybench.bench overhead $sw/resnet50.yaml --rounds 3 --set 'grid={batch_size: [256]}' ;;
+    overhead_window)  # the H200 run: Ray and torchrun both 2.3% under the bare loop, which
+      # synchronises only at its window's ends; the same three rounds with sync: window
+      $py -m raybench.bench overhead $sw/resnet50.yaml --rounds 3 --set 'grid={batch_size: [256]}' \
+        --set measure.sync=window ;;
     overhead_group)  # issue 42's fixed-cost goal: a worker group's later trials against
       # torchrun's start per trial (one round of three trials; the throughput verdict is the
       # step above's)
@@ -72,14 +76,17 @@ print(torch.cuda.get_device_name(0), torch.cuda.device_count())"
     window_probe) $py $here/window_probe.py ;;
     # the same day: ViT-L inference at tile 256 ran at 803 tiles/s through Ray against 1,412
     # in-process (forward p50 9.1 against 5.4 ms), where the H100 run had 5.28 against 5.27:
-    # that trial alone, Ray and in-process in turn, twice
+    # that trial alone, Ray and in-process in turn, twice, each with 20 profiled forwards after
+    # its windows, whose traces trace_summary.py sums up here (the traces stay behind)
     vit_inf_ab)
       for i in 1 2; do
         for runner in ray local; do
           sweep $sw/vit_tiles.yaml --runner $runner --output runs/vit_inf_${runner}$i \
-            --set 'grid={mode: [inference], tile: [256]}' --set measure.max_repeats=6
+            --set 'grid={mode: [inference], tile: [256]}' --set measure.max_repeats=6 \
+            --set measure.profile_steps=20
         done
-      done ;;
+      done
+      $py $here/trace_summary.py runs/vit_inf_*/trials/*.trace.json ;;
     *) echo "unknown step $1"; return 2 ;;
   esac
 }
@@ -97,7 +104,7 @@ for name in "$@"; do
   left=$(( deadline - ($(date +%s) - t0) ))
   case $name in
     # Ray trials cost ~20-30 s each beyond their windows on the H200 (2026-11-26 README)
-    facts) max=30;; gpu_tests|ratio_local|tf32_local|offline_ray|vit_local) max=100;; ratio_ray|tf32_ray|server_batch) max=150;; vit_ray|vit_ray6) max=200;; window_probe) max=90;; vit_inf_ab) max=150;; overhead|overhead_group) max=300;; vit_local6) max=150;; *) max=150;;
+    facts) max=30;; gpu_tests|ratio_local|tf32_local|offline_ray|vit_local) max=100;; ratio_ray|tf32_ray|server_batch) max=150;; vit_ray|vit_ray6) max=200;; window_probe) max=90;; vit_inf_ab) max=150;; overhead|overhead_group|overhead_window) max=300;; vit_local6) max=150;; *) max=150;;
   esac
   limit=$(( max < left - 10 ? max : left - 10 ))
   if [ "$limit" -lt 20 ]; then echo "=== SKIP $name (${left}s left)" | tee -a "$log"; continue; fi
