@@ -1,7 +1,8 @@
 """The commands' stdout, kept for their JSON lines.
 
 `python -m raybench.sweep` (its `--jsonl` lines and the closing `{"raybench": ...}`),
-`bench` and `validate` write machine-readable lines on stdout, and pipelines read them there.
+`bench`, `validate` and the chip CLI (`python -m raybench.data.chip`) write machine-readable
+lines on stdout, and pipelines read them there.
 Anything else that reaches stdout while a command runs breaks such a reader, and Ray's driver
 writes there whatever `log_to_driver` says: a thread of its own prints the raylet's messages to
 `sys.stdout` ("(raylet) A worker died or was killed while executing a task ...", "8 PYTHON worker

@@ -25,7 +25,7 @@ def summary(path: str) -> dict:
     events = [e for e in data.get("traceEvents", data if isinstance(data, list) else [])
               if e.get("ph") == "X" and "dur" in e]
     by_cat: dict[str, list[float]] = collections.defaultdict(list)
-    ops: dict[str, float] = collections.Counter()
+    ops: collections.Counter[str] = collections.Counter()
     launches = []
     for e in events:
         by_cat[e.get("cat", "?")].append(float(e["dur"]))
