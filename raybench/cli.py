@@ -1,4 +1,4 @@
-"""Entry-point plumbing shared by `raybench.sweep` and `raybench.bench`.
+"""Entry-point plumbing shared by `raybench.sweep.command` and `raybench.bench.command`.
 
 Owns logging set-up (once, by the entry point), turning input errors into one paragraph on
 stderr with exit code 2, the closing `{"raybench": summary}` line with exit 0 or 3 (or
@@ -14,9 +14,11 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
-from raybench import console
+from raybench import console, store
+from raybench.data.stage import check_inputs
 from raybench.grid import expand, stage_variants
-from raybench.rundir import run_directory
+from raybench.results import tracking
+from raybench.results.rundir import run_directory
 from raybench.spec import SpecError, SweepSpec, load_sweep
 from raybench.trials import TrialSpec
 
@@ -51,8 +53,6 @@ def load(path: str, overrides: list[str]) -> tuple[SweepSpec, list[TrialSpec]] |
         if spec.output.storage:
             _check_storage(spec)
         if spec.output.mlflow:
-            from raybench import tracking
-
             tracking.check(spec)  # an unreachable tracking URI is input to fix, before any run
         return spec, trials
     except SpecError as e:
@@ -62,8 +62,6 @@ def load(path: str, overrides: list[str]) -> tuple[SweepSpec, list[TrialSpec]] |
 
 def _check_stage_inputs(spec: SweepSpec, variants: list) -> None:
     """A corrupt GeoTIFF or a bad label CSV is input to fix, not a failed stage row."""
-    from raybench.data.stage import check_inputs
-
     seen = set()
     for v in variants:
         if (v.scenes, v.labels, tuple(v.channels)) in seen:
@@ -87,8 +85,6 @@ STORAGE_FIX = ("check the URI's bucket and path, the credentials in the environm
 
 def _check_storage(spec: SweepSpec) -> None:
     """Shared storage that cannot take a write would lose the run's copy at its very end."""
-    from raybench import store
-
     problem = store.check_writable(spec.output.storage)
     if problem:
         raise SpecError(spec.source, "output.storage", spec.output.storage,

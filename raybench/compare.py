@@ -1,16 +1,12 @@
 """`python -m raybench.compare BASE NEW`: per configuration, is NEW faster, slower, unchanged,
 or can its windows not tell?
 
-Owns the decision between two rows of one configuration, made from their measured windows
-(`train/window_samples_per_s`): an exact two-sided Mann-Whitney U test (scipy) AND a practical
-threshold, the larger of a default (3%) and the run-to-run spread the configuration has shown
-where that is known. The ratio NEW/BASE of the windows' means comes with a 95% percentile
-bootstrap interval (seeded). Verdicts: `slower` / `faster` (significant and beyond the
-threshold), `unchanged` (the interval lies within the threshold, or the difference is
-significant but smaller than it), `inconclusive` (neither; with the windows per side that
-could decide). Exit 1 when any configuration is `slower`, 0 otherwise, 2 for bad input.
-`--history` judges the latest run of a results root against each configuration's earlier runs
-on the same system (`judge_history`, which the report's history page uses too); `--html`
+Owns the command: two run directories' rows paired by configuration (refusing two systems or
+a quick row against a canonical one unless asked), the run-to-run spread from the history
+beside NEW, the table, the JSON line and the page. The decision itself is report/judge.py's
+(exact Mann-Whitney U and a practical threshold, the ratio's bootstrap interval). Exit 1 when
+any configuration is `slower`, 0 otherwise, 2 for bad input. `--history` judges the latest run
+of a results root against each configuration's earlier runs on the same system; `--html`
 writes the comparison as a page in the report's style.
 """
 
@@ -18,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from collections import Counter
 from pathlib import Path
@@ -27,108 +22,19 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from raybench import fingerprint, store
+from raybench import console, store
 from raybench.records import present
-
-THRESHOLD_PCT = 3.0  # below this a change is not worth a verdict, however certain
-ALPHA = 0.05
-WINDOWS = "train/window_samples_per_s"
-THROUGHPUT = "train/samples_per_s"
-VERDICTS = ("slower", "faster", "unchanged", "inconclusive")
-
-
-def windows_to_decide(alpha: float = ALPHA) -> int:
-    """The fewest windows per side with which an exact two-sided Mann-Whitney test can reach
-    `alpha` at all (complete separation gives p = 2 / C(2n, n)): 4 for 0.05."""
-    n = 1
-    while 2 / math.comb(2 * n, n) >= alpha:
-        n += 1
-    return n
-
-
-def decide(base: list[float], new: list[float], threshold_pct: float = THRESHOLD_PCT,
-           spread_pct: float | None = None) -> dict[str, Any]:
-    """The verdict on NEW against BASE from their windows' throughputs."""
-    from scipy.stats import bootstrap, mannwhitneyu
-
-    threshold = max(threshold_pct, spread_pct or 0.0)
-    rule = "run-to-run spread" if spread_pct and spread_pct > threshold_pct else "fixed"
-    b, n = np.asarray(base, float), np.asarray(new, float)
-    ratio = float(n.mean() / b.mean())
-    p = float(mannwhitneyu(n, b, alternative="two-sided", method="exact").pvalue)
-    low = high = None
-    if len(b) >= 3 and len(n) >= 3 and (np.ptp(b) > 0 or np.ptp(n) > 0):
-        ci = bootstrap((n, b), lambda x, y: np.mean(x) / np.mean(y), paired=False,
-                       vectorized=False, confidence_level=0.95, n_resamples=2000,
-                       method="percentile", random_state=np.random.default_rng(0))
-        low, high = float(ci.confidence_interval.low), float(ci.confidence_interval.high)
-    change = 100.0 * (ratio - 1.0)
-    within = low is not None and 1 - threshold / 100 <= low and high <= 1 + threshold / 100
-    if p < ALPHA and abs(change) > threshold:
-        verdict = "faster" if ratio > 1 else "slower"
-    elif within or p < ALPHA:
-        verdict = "unchanged"
-    else:
-        verdict = "inconclusive"
-    out = {"ratio": ratio, "ratio_ci95": [low, high], "change_pct": change, "p": p,
-           "threshold_pct": threshold, "threshold": rule, "verdict": verdict,
-           "windows": [len(b), len(n)]}
-    if verdict == "inconclusive" and min(len(b), len(n)) < windows_to_decide():
-        out["windows_needed"] = windows_to_decide()  # fewer cannot reach ALPHA at all
-    return out
-
-
-EARLIER_RUNS = 5  # a row's baseline in the history: the windows of its last this many runs
-
-
-def judge_history(hist: pd.DataFrame, threshold_pct: float = THRESHOLD_PCT,
-                  run_id: str | None = None) -> pd.DataFrame:
-    """Each benchmark row (of `run_id` only, where given) judged against the earlier rows of
-    its configuration on the same system (`trial_key` and `system/fingerprint`): its windows
-    against the pooled windows of the last EARLIER_RUNS of them, the threshold widened to the
-    spread those runs showed (twice their throughput's CV, once there are three). One row per
-    judged row, with the verdict's fields; rows without an earlier run are left out."""
-    from raybench.report.assess import trained_rows
-
-    ok = trained_rows(hist)
-    keys = [k for k in ("trial_key", "system/fingerprint") if k in ok]
-    out = []
-    for _, part in ok.sort_values("recorded_at", kind="stable").groupby(keys, dropna=False):
-        rows = part.to_dict("records")
-        for i in range(1, len(rows)):
-            row = rows[i]
-            if run_id is not None and row["run_id"] != run_id:
-                continue
-            earlier = rows[max(0, i - EARLIER_RUNS):i]
-            base = [w for r in earlier for w in _windows(r)]
-            new = _windows(row)
-            spread = _spread([r[THROUGHPUT] for r in rows[:i]])
-            result = decide(base, new, threshold_pct, spread) if base and new else {
-                "verdict": "inconclusive", "reason": "no windows in these rows"}
-            out.append({**row, **result, "base": float(np.mean([r[THROUGHPUT] for r in earlier])),
-                        "software_change": fingerprint.software_changes(rows[i - 1], row)})
-    return pd.DataFrame(out)
-
-
-def run_spread(history: pd.DataFrame | None, row: dict[str, Any],
-               exclude: set[Any] = frozenset()) -> float | None:
-    """Twice the throughput CV% over the history's runs of this row's configuration on its
-    system (other than `exclude`'s runs), once there are three; else None."""
-    if history is None or history.empty or THROUGHPUT not in history:
-        return None
-    same = history[(history["trial_key"] == row.get("trial_key"))
-                   & (history["status"] == "ok") & ~history["run_id"].isin(exclude)]
-    fp = row.get("system/fingerprint")
-    if "system/fingerprint" in same and present(fp):
-        same = same[same["system/fingerprint"] == fp]
-    return _spread(same[THROUGHPUT].dropna().tolist())
-
-
-def _spread(values: list[float]) -> float | None:
-    """Twice the CV% of a configuration's throughput over its runs, from three runs on."""
-    if len(values) < 3:
-        return None
-    return 200.0 * float(np.std(values, ddof=1)) / float(np.mean(values))
+from raybench.report.judge import (
+    ALPHA,
+    THRESHOLD_PCT,
+    THROUGHPUT,
+    VERDICTS,
+    decide,
+    judge_history,
+    run_spread,
+    windows,
+)
+from raybench.results import fingerprint, history
 
 
 def load_run(path: str) -> pd.DataFrame:
@@ -183,7 +89,7 @@ def compare_runs(base: pd.DataFrame, new: pd.DataFrame, threshold_pct: float = T
     for key in common:
         rb, rn = {**b.loc[key].to_dict(), "trial_key": key}, {**n.loc[key].to_dict(),
                                                               "trial_key": key}
-        wb, wn = _windows(rb), _windows(rn)
+        wb, wn = windows(rb), windows(rn)
         spread = run_spread(history, rn, exclude={rb.get("run_id"), rn.get("run_id")})
         result = decide(wb, wn, threshold_pct, spread) if wb and wn else {
             "verdict": "inconclusive",
@@ -203,11 +109,6 @@ def _differing(b: pd.DataFrame, n: pd.DataFrame, keys: list[str], column: str) -
         return []
     return [k for k in keys if present(b.at[k, column]) and present(n.at[k, column])
             and b.at[k, column] != n.at[k, column]]
-
-
-def _windows(row: dict[str, Any]) -> list[float]:
-    w = row.get(WINDOWS)
-    return [float(x) for x in w] if w is not None and len(w) else []
 
 
 def _config(row: dict[str, Any], run: pd.DataFrame) -> str:
@@ -243,7 +144,7 @@ def page(results: list[dict[str, Any]], title: str, header: list[str]) -> str:
     configuration's ratio with its 95% interval against the threshold band."""
     import plotly.graph_objects as go
 
-    from raybench.report import page as report_page
+    from raybench.report import page as report_page  # plotly (0.3 s): only for --html
 
     rows = [{**r, "ci95_low": (r.get("ratio_ci95") or [None, None])[0],
              "ci95_high": (r.get("ratio_ci95") or [None, None])[1]} for r in results]
@@ -271,51 +172,20 @@ def page(results: list[dict[str, Any]], title: str, header: list[str]) -> str:
     return report_page.render(model, figs)
 
 
-def write_history(root: Path, out: Path, threshold_pct: float = THRESHOLD_PCT) -> Path:
-    """A metric over time per configuration from a results root's history; every row judged
-    against its configuration's earlier runs on the same system (compare.judge_history), the
-    slower ones listed and marked."""
-    from raybench import history as hist_store
-    from raybench.report import figures
-    from raybench.report import page as report_page
-
-    # the page's columns only: reading every column of a thousand runs is what takes time
-    hist = hist_store.read(root, columns_=hist_store.PAGE_COLUMNS)
-    units = hist_store.units(root)
-    judged = judge_history(hist, threshold_pct)
-    flagged = judged[judged["verdict"] == "slower"] if not judged.empty else judged
-    cols = ["sweep", "trial_key", "system/accelerator", "run_id", "recorded_at", "code_version",
-            THROUGHPUT, "ratio", "p", "threshold_pct", "threshold", "software_change"]
-    runs = hist["run_id"].nunique() if "run_id" in hist else 0
-    m = {"title": "raybench history", "table_title": "Slower than the earlier runs",
-         "header": [f"{root}: {len(hist)} rows, {runs} runs; each row's windows against its "
-                    f"configuration's last {EARLIER_RUNS} runs on the same system: "
-                    f"exact Mann-Whitney p < {ALPHA:g} and a drop beyond "
-                    f"{threshold_pct:g}% or the spread those runs showed"],
-         "columns": cols if not flagged.empty else ["sweep"],
-         "rows": flagged.reindex(columns=cols).to_dict("records") if not flagged.empty else [],
-         "units": units}
-    fig = figures.history(hist, flagged, unit=units.get(THROUGHPUT, {}).get("unit"))
-    store.write_text(out, report_page.render(m, [("history", fig)] if fig else []))
-    return out
-
-
 def _fmt(v: Any, digits: int = 1) -> str:
     return "-" if v is None or v != v else f"{v:.{digits}f}"
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m raybench.compare", description=__doc__.split(
-        "\n")[0])
+def main(argv: list[str] | None = None, prog: str = "python -m raybench.compare") -> int:
+    p = console.parser(prog, "Per configuration: is NEW faster, slower, unchanged, or unclear?")
     p.add_argument("base", nargs="?", help="run directory of the baseline")
     p.add_argument("new", nargs="?", help="run directory to judge against it")
-    p.add_argument("--history", nargs="?", const="results", metavar="RESULTS_ROOT",
-                   help="judge the latest run in the history under RESULTS_ROOT (default "
-                   "results) against the earlier runs of each configuration on its system")
-    p.add_argument("--threshold-pct", type=float, default=THRESHOLD_PCT,
+    p.add_argument("--history", nargs="?", const="results", metavar="ROOT",
+                   help="the history's latest run against its earlier ones")
+    p.add_argument("--threshold-pct", type=float, default=THRESHOLD_PCT, metavar="PCT",
                    help="smallest change that counts (default %(default)s)")
     p.add_argument("--across-systems", action="store_true",
-                   help="compare runs of different systems (system/fingerprint) on purpose")
+                   help="compare two systems (system/fingerprint) on purpose")
     p.add_argument("--allow-quick", action="store_true",
                    help="compare a quick row (trial/category) with a canonical one")
     p.add_argument("--json", action="store_true", help="one JSON line instead of the table")
@@ -347,8 +217,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main_history(args: argparse.Namespace) -> int:
-    from raybench import history
-
     if not history.files(args.history):
         print(history.no_history(args.history), file=sys.stderr)
         return 2
@@ -380,8 +248,6 @@ def _main_history(args: argparse.Namespace) -> int:
 def _history_beside(run: Path) -> pd.DataFrame | None:
     """The history of the results root a run directory sits in (results/<sweep>/<run>, or
     beside an explicit --output), for the configurations' run-to-run spread."""
-    from raybench import history
-
     for root in (run.parent.parent, run.parent):
         if history.files(root):
             return history.read(root, columns_=["trial_key", "run_id", "status", THROUGHPUT,

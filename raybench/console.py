@@ -8,11 +8,13 @@ writes there whatever `log_to_driver` says: a thread of its own prints the rayle
 `sys.stdout` ("(raylet) A worker died or was killed while executing a task ...", "8 PYTHON worker
 processes have been started ..."), coloured. Ranks that the local runner spawns inherit file
 descriptor 1 as well. So while a command holds stdout (`held`), its JSON lines go out through
-`emit`, and everything else written to stdout goes to stderr. Imports nothing of raybench.
+`emit`, and everything else written to stdout goes to stderr. Also the commands' argument
+parsers (`parser`), whose `--help` lists each option on one line. Imports nothing of raybench.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -21,6 +23,30 @@ from collections.abc import Iterator
 from typing import Any, TextIO
 
 _lines: TextIO | None = None  # where emit writes while a command holds stdout
+HELP_AT = 34  # the help column: raybench's longest option with its metavar fits before it
+
+
+class _Formatter(argparse.HelpFormatter):
+    def add_argument(self, action: argparse.Action) -> None:
+        super().add_argument(action)
+        # Python 3.11's formatter measures a subcommand's name at its parent's indent, two
+        # columns short: the longest name (`bench forward-check`) then wrapped onto two lines
+        subs = list(self._iter_indented_subactions(action))
+        if subs and action.help is not argparse.SUPPRESS:
+            longest = max(len(self._format_action_invocation(s)) for s in subs)
+            self._action_max_length = max(self._action_max_length, longest
+                                          + self._current_indent + self._indent_increment)
+
+
+def formatter(prog: str) -> argparse.HelpFormatter:
+    return _Formatter(prog, max_help_position=HELP_AT)
+
+
+def parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """A command's argument parser (`prog`: how the user called it, `raybench sweep` or
+    `python -m raybench.sweep`); its `--help` lists each option on one line, for a terminal of
+    100 columns (the options' help is kept that short)."""
+    return argparse.ArgumentParser(prog=prog, description=description, formatter_class=formatter)
 
 
 def emit(record: dict[str, Any]) -> None:

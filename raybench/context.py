@@ -1,19 +1,20 @@
 """WorkerContext: the narrow view of one rank that a workload builds itself from.
 
-Owns device placement, precision (autocast and GradScaler), memory format, DDP wrapping, compile
-and DataLoader construction, so every workload applies the hardware axes the same way. Does not
-own process-group start-up: Ray Train (trial.py) or the local runner (bench.py) does that and
-hands in the ranks; this module never imports ray.
+Owns the rank's identity and collectives, device placement, precision (autocast and
+GradScaler), memory format, DDP wrapping, compile and DataLoader construction, so every
+workload applies the hardware axes the same way; and the check that `hardware.env` reached the
+process. Does not own timing (clock.py, driven by rank/loop.py) nor process-group start-up: a
+runner does that (runners/on_ray/process_group.py, rank/launched.py) and hands in the ranks.
+Never imports ray.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -21,6 +22,19 @@ from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
 from raybench.sections import HardwareSpec
+
+if TYPE_CHECKING:
+    from raybench.clock import StepClock
+
+
+def check_env(env: dict[str, str]) -> None:
+    """The trial's `hardware.env` must be this process's environment: the runner sets it when
+    the process starts (CUDA and NCCL read it once), and a row must not claim a setting the
+    run did not have."""
+    wrong = {k: os.environ.get(k) for k, v in env.items() if os.environ.get(k) != v}
+    if wrong:
+        raise RuntimeError(f"hardware.env did not reach this worker: {wrong} instead of "
+                           f"{ {k: env[k] for k in wrong} }")
 
 
 def process_start() -> float | None:
@@ -42,7 +56,6 @@ class WorkerContext:
     node_rank: int
     device: torch.device
     hardware: HardwareSpec
-    phase_s: dict[str, list[float]] = field(default_factory=dict)
     trace_path: str | None = None  # where rank 0 writes its profiler trace, if one is asked
     artifact_dir: str | None = None  # the trial's own folder for rank 0's files (predictions..)
     node_id: str | None = None  # where this rank ran, as the cluster names it (Ray node id/IP)
@@ -50,23 +63,16 @@ class WorkerContext:
     accelerator_ids: list[str] = field(default_factory=list)  # GPUs the cluster gave this rank
     # wall-clock stamps of the rank's start (process, imports, entry), copied into its record
     stamps: dict[str, float] = field(default_factory=dict)
-    sync: str = "step"  # measure.sync: "window" times steps and phases with marks, no host sync
-    own_s: list[float] = field(default_factory=list)  # DDP: this rank's compute per step
-    _pending: list = field(default_factory=list)  # window mode: (phase, start, end, step) marks
-    _own: dict = field(default_factory=dict)  # the current step's own-compute marks
-    _own_marks: list = field(default_factory=list)  # (start, end) per step, read at settle
-    _step_no: int = 0  # steps ended so far: a phase run twice in one step is one entry
-    _phase_step: dict = field(default_factory=dict)  # phase -> the step of its last entry
 
     @classmethod
     def from_env(cls, hardware: HardwareSpec, device: torch.device | None = None,
                  **extra: Any) -> WorkerContext:
         """A launched rank's context, from the variables torchrun sets (RANK, LOCAL_RANK,
         WORLD_SIZE, and the node's rank as GROUP_RANK or NODE_RANK): every launcher sets them
-        before the process group (Ray Train's workers in process_group.py, spawned local
-        ranks), so every rank's context is built here. `device`: where the launcher put the
-        rank (Ray: the GPU it gave the worker); by default its share of the node's GPUs
-        (`hardware.ranks_per_gpu` ranks to a GPU), or the CPU."""
+        before the process group (Ray Train's workers in runners/on_ray/process_group.py,
+        spawned local ranks), so every rank's context is built here. `device`: where the
+        launcher put the rank (Ray: the GPU it gave the worker); by default its share of the
+        node's GPUs (`hardware.ranks_per_gpu` ranks to a GPU), or the CPU."""
         env = os.environ
         missing = [k for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE") if k not in env]
         if missing:
@@ -93,115 +99,6 @@ class WorkerContext:
     @property
     def is_cuda(self) -> bool:
         return self.device.type == "cuda"
-
-    def synchronize(self) -> None:
-        """Wait for queued device work; the step timer calls this inside the timed region."""
-        if self.is_cuda:
-            torch.cuda.synchronize(self.device)
-
-    def mark(self) -> torch.cuda.Event | float:
-        """A point on the device's timeline without waiting for it: a recorded CUDA event on a
-        GPU, the host clock on CPU (where work is done when the call returns)."""
-        if not self.is_cuda:
-            return time.perf_counter()
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
-
-    @staticmethod
-    def seconds(start: torch.cuda.Event | float, end: torch.cuda.Event | float) -> float:
-        """Time between two marks; for events, only once the device has passed `end`."""
-        if isinstance(start, float):
-            return end - start
-        return start.elapsed_time(end) / 1e3
-
-    @contextlib.contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        """Time one part of a step (forward, backward, ...).
-
-        With `sync: step`, synchronised on both ends: the syncs cost a little overlap between
-        the parts; workloads use this only where the split itself is the question (the tile
-        benchmark's forward vs backward). With `sync: window`, between two marks, read when
-        the window ends (`settle_marks`). A phase that runs several times in one step (once per
-        micro-batch) is summed: one entry per step."""
-        if self.sync == "window":
-            start = self.mark()
-            yield
-            self._pending.append((name, start, self.mark(), self._step_no))
-            return
-        self.synchronize()
-        start = time.perf_counter()
-        yield
-        self.synchronize()
-        self._add_phase(name, self._step_no, time.perf_counter() - start)
-
-    def _add_phase(self, name: str, step_no: int, seconds: float) -> None:
-        times = self.phase_s.setdefault(name, [])
-        if self._phase_step.get(name) == step_no and times:
-            times[-1] += seconds
-        else:
-            times.append(seconds)
-            self._phase_step[name] = step_no
-
-    def settle_marks(self) -> None:
-        """After the device is synchronised: pending phase and own-compute marks become times."""
-        for name, start, end, step_no in self._pending:
-            self._add_phase(name, step_no, self.seconds(start, end))
-        self._pending.clear()
-        self.own_s += [self.seconds(start, end) for start, end in self._own_marks]
-        self._own_marks.clear()
-
-    def end_step(self) -> None:
-        """The step loop's call after each step: keep its own-compute marks, if it had both."""
-        self._step_no += 1
-        if "start" in self._own and "end" in self._own:
-            self._own_marks.append((self._own["start"], self._own["end"]))
-        self._own.clear()
-
-    def clear_measurements(self) -> None:
-        """Warmup's phase and own-compute times are not measurements."""
-        self.phase_s.clear()
-        self._phase_step.clear()
-        self.own_s.clear()
-        self._pending.clear()
-        self._own_marks.clear()
-        self._own.clear()
-
-    def measured_counts(self) -> tuple[dict[str, int], int]:
-        """How many phase and own-compute times are kept so far: `drop_measured`'s mark."""
-        return {k: len(v) for k, v in self.phase_s.items()}, len(self.own_s)
-
-    def drop_measured(self, counts: tuple[dict[str, int], int]) -> None:
-        """Forget the phase and own-compute times kept before `counts` (measured_counts): those
-        of windows that became warmup."""
-        phases, own = counts
-        for name, times in self.phase_s.items():
-            del times[:phases.get(name, 0)]
-        del self.own_s[:own]
-
-    def _watch_own_compute(self, module: torch.nn.Module) -> None:
-        """Mark this rank's own forward and backward inside DDP, apart from waiting for others.
-
-        DDP makes every rank wait for the slowest (buffer broadcast before forward, gradient
-        all-reduce after backward), so step times are equal and a slow GPU cannot show in them.
-        The marks run from the wrapped module's forward (after the broadcast) to the gradient of
-        its first parameter, the last one backward produces, before the final all-reduce wait:
-        two marks per step, on the real steps, with nothing else changed."""
-        first = next((q for q in module.parameters() if q.requires_grad), None)
-        if first is None:  # forward-only: DDP synchronises nothing in its steps
-            return
-
-        def start(*_: object) -> None:
-            # training forwards only (an evaluation between epochs runs under no_grad); of
-            # several in one step, the first
-            if torch.is_grad_enabled() and "start" not in self._own:
-                self._own["start"] = self.mark()
-
-        def end(_: torch.Tensor) -> None:
-            self._own["end"] = self.mark()
-
-        module.register_forward_pre_hook(start)
-        first.register_post_accumulate_grad_hook(end)
 
     def set_math_mode(self) -> None:
         """FP32 matmuls and convolutions in IEEE FP32, or in TF32 for `precision: tf32`, and
@@ -244,15 +141,18 @@ class WorkerContext:
             return None
         return torch.amp.GradScaler(self.device.type)
 
-    def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        """Device, memory format, DDP and compile, in the order PyTorch recommends."""
+    def prepare_model(self, model: torch.nn.Module, clock: StepClock | None = None
+                      ) -> torch.nn.Module:
+        """Device, memory format, DDP and compile, in the order PyTorch recommends. `clock`:
+        the timed loop's, which then marks this rank's own compute inside DDP."""
         model = model.to(self.device)
         if self.hardware.channels_last:
             model = model.to(memory_format=torch.channels_last)
         if self.distributed:
             ids = [self.device.index] if self.is_cuda else None
-            if not self.hardware.compile:  # hooks with marks would break compiled graphs
-                self._watch_own_compute(model)
+            # hooks with marks would break compiled graphs
+            if clock is not None and not self.hardware.compile:
+                clock.watch(model)
             model = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
         if self.hardware.compile:
             model = torch.compile(model)

@@ -1,7 +1,8 @@
 """Failed trials as result fields: `oom | error | timeout | infeasible | lost` with a reason.
 
 Owns the classification of exceptions (walking causes and Ray Train's per-worker failures), so
-the Ray path (trial.py) and the in-process runner (bench.py) label failures the same way.
+the Ray path (runners/on_ray/trial.py) and the local runner (runners/local.py) label failures
+the same way.
 """
 
 from __future__ import annotations

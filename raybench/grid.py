@@ -2,7 +2,7 @@
 
 Pure: deterministic order (grid keys as written, values as listed, the last key varying fastest),
 a stable key per trial (hash of its resolved config), every combination validated. Owns the
-resources a trial asks for. Does not look at any cluster (plan.py does).
+resources a trial asks for. Does not look at any cluster (runners/on_ray/plan.py does).
 """
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ from typing import Any
 
 from raybench import workloads
 from raybench.data.stage import PreprocessSpec
-from raybench.scenarios import InferenceSpec
-from raybench.sections import env_problem
+from raybench.sections import InferenceSpec, env_problem
 from raybench.spec import (
     HardwareSpec,
     MeasureSpec,

@@ -1,8 +1,8 @@
 """The two records that cross process boundaries, with their fields declared once.
 
-`RankRecord`: what one rank measured in one trial (worker.measure_rank makes it; rank 0 gathers
+`RankRecord`: what one rank measured in one trial (rank/loop.py makes it; rank 0 gathers
 every rank's; metrics.summarize reads them). `TrialOutcome`: what became of one trial, whoever
-ran it (a runner, a failure, the sweep loop); results.RowWriter turns it into a row and a trial
+ran it (a runner, a failure, the sweep loop); results/writer.py turns it into a row and a trial
 file. Both travel as plain dicts where they cross JSON (Tune's report, the trial file, spawned
 ranks): `to_dict` / `from_dict`, which refuse a field nobody declared. No raybench imports.
 """
@@ -77,7 +77,7 @@ class RankRecord:
     epochs: list[dict[str, Any]] | None = None  # epoch-based runs: per-epoch figures
     warmup_s: list[float] = field(default_factory=list)
     warmup_windows: int = 0  # windows run before the kept ones (measure.max_repeats)
-    phase_s: dict[str, list[float]] = field(default_factory=dict)  # ctx.phase(name) per step
+    phase_s: dict[str, list[float]] = field(default_factory=dict)  # clock.phase(name) per step
     own_s: list[float] = field(default_factory=list)  # this rank's own forward + backward
     setup_s: float = 0.0
     loss_final: float | None = None

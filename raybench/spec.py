@@ -20,10 +20,10 @@ from pydantic import BaseModel, Field, ValidationError
 
 from raybench import workloads
 from raybench.data.stage import PreprocessSpec
-from raybench.scenarios import InferenceSpec
 from raybench.sections import (  # re-exported: the sweep's models are read from here
     ExecutionSpec,
     HardwareSpec,
+    InferenceSpec,
     MeasureSpec,
     OutputSpec,
     SearchSpec,

@@ -123,7 +123,7 @@ def gpu_health(nvml: Any, h: Any) -> dict[str, Any]:
     counts (uncorrected since the driver loaded, and over the device's life), retired pages
     and whether a retirement waits for a reset, remapped rows, the SM clock against its
     maximum with the reasons it is held down, the PCIe link against the card's maximum,
-    persistence mode, the power limit against its default. raybench.verdict judges them."""
+    persistence mode, the power limit against its default. raybench.validate.verdict judges them."""
 
     def ask(fn: str, *args: Any) -> Any:
         try:

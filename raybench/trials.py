@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from raybench.scenarios import InferenceSpec
-from raybench.sections import HardwareSpec, MeasureSpec, revalidated
+from raybench.sections import HardwareSpec, InferenceSpec, MeasureSpec, revalidated
 from raybench.workloads import WorkloadParams
 
 SECTIONS = ("workload", "hardware", "measure", "inference")  # inference: where a sweep has one

@@ -1,6 +1,7 @@
 """Which raybench code runs here: the checkout's commit, or the package's version and a digest of
 its sources. Imports nothing beyond the standard library: the sweep's driver names its code
-before it starts Ray, while the workload's module (torch) loads beside Ray's start (sweep.py)."""
+before it starts Ray, while the workload's module (torch) loads beside Ray's start
+(sweep/command.py)."""
 
 from __future__ import annotations
 

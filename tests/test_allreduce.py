@@ -57,8 +57,8 @@ def _rank(rank: int, port: int, out: str) -> None:
 
     from raybench import workloads
     from raybench.context import WorkerContext
+    from raybench.rank.loop import Steps, _timed_step
     from raybench.spec import HardwareSpec
-    from raybench.worker import _timed_step
 
     class Ops(TorchDispatchMode):
         def __init__(self):
@@ -78,9 +78,10 @@ def _rank(rank: int, port: int, out: str) -> None:
         with Ops() as ops:
             w.step(next(batches))
         plain = torch.zeros_like(w.buffer)
+        steps = Steps(w, batches, w.clock, ctx)
         ours, alone = [], []
         for _ in range(15):
-            ours.append(_timed_step(w, batches, ctx)[1] / 2)  # compute time per operation
+            ours.append(_timed_step(steps)[1] / 2)  # compute time per operation
             dist.barrier()
             t0 = time.perf_counter()
             dist.all_reduce(plain)

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from raybench.sweep import main
+from raybench.sweep.command import main
 
 
 @pytest.fixture(autouse=True)

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from raybench.grid import expand
-from raybench.plan import placement
+from raybench.runners.on_ray.plan import placement
 from raybench.spec import load_sweep
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -64,7 +64,7 @@ def test_an_undeclared_column_fails_under_strict_and_warns_otherwise(monkeypatch
 
 def test_the_table_carries_its_units_to_the_report(tmp_path):
     from raybench.report.page import _table
-    from raybench.results import write_parquet
+    from raybench.results.table import write_parquet
 
     frame = pd.DataFrame([{"trial_key": "a", "train/step_time_p50_ms": 12.5,
                            "workload.batch_size": 8}])

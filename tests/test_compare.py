@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 
 from raybench import compare
+from raybench.report import judge
 from tests.conftest import ROOT
 
 rng = np.random.default_rng(7)
@@ -23,21 +24,21 @@ def windows(mean: float, n: int, cv_pct: float = 1.0) -> list[float]:
 
 
 def test_verdicts_from_windows():
-    assert compare.windows_to_decide() == 4  # 3 vs 3: p >= 0.10 whatever the windows say
-    slower = compare.decide(windows(100, 8), windows(90, 8))
+    assert judge.windows_to_decide() == 4  # 3 vs 3: p >= 0.10 whatever the windows say
+    slower = judge.decide(windows(100, 8), windows(90, 8))
     assert slower["verdict"] == "slower" and slower["p"] < 0.05
     assert slower["ratio_ci95"][0] < 0.9 < slower["ratio_ci95"][1]
-    assert compare.decide(windows(100, 8), windows(110, 8))["verdict"] == "faster"
-    same = compare.decide(windows(100, 8, 0.5), windows(100, 8, 0.5))
+    assert judge.decide(windows(100, 8), windows(110, 8))["verdict"] == "faster"
+    same = judge.decide(windows(100, 8, 0.5), windows(100, 8, 0.5))
     assert same["verdict"] == "unchanged"
     # significant but below the practical threshold: not a regression
-    small = compare.decide([100.0] * 4 + [100.1] * 4, [99.0] * 4 + [99.1] * 4)
+    small = judge.decide([100.0] * 4 + [100.1] * 4, [99.0] * 4 + [99.1] * 4)
     assert small["p"] < 0.05 and small["verdict"] == "unchanged"
     # three windows a side cannot decide a 10% drop: inconclusive, and how many would
-    three = compare.decide([100.0, 101.0, 99.0], [90.0, 91.0, 89.5])
+    three = judge.decide([100.0, 101.0, 99.0], [90.0, 91.0, 89.5])
     assert three["verdict"] == "inconclusive" and three["windows_needed"] == 4
     # a configuration known to move 8% run to run: a 6% drop is within its noise
-    noisy = compare.decide(windows(100, 8, 0.3), windows(94, 8, 0.3), spread_pct=8.0)
+    noisy = judge.decide(windows(100, 8, 0.3), windows(94, 8, 0.3), spread_pct=8.0)
     assert noisy["verdict"] == "unchanged" and noisy["threshold"] == "run-to-run spread"
 
 
@@ -98,7 +99,7 @@ def sweep(tmp_path: Path, name: str, busy: bool) -> Path:
     pinned to the same core, which take about two thirds of it (one took half, and on a
     machine already busy, whose other processes share core 0 with the base run too, the
     ratio came out at 0.89: beyond no threshold)."""
-    from raybench.bench import main as bench_main
+    from raybench.bench.command import main as bench_main
 
     path = tmp_path / "sweep.yaml"
     path.write_text(SWEEP)
@@ -152,8 +153,8 @@ def test_real_runs_slower_is_slower_and_a_rerun_is_not(tmp_path):
 
 
 def test_history_mode_judges_the_latest_run(tmp_path, capsys):
-    from raybench.history import History
-    from raybench.results import ID_COLUMNS
+    from raybench.results.history import History
+    from raybench.results.table import ID_COLUMNS
 
     for run, mean in (("r1", 100.0), ("r2", 101.0), ("r3", 85.0)):
         History(tmp_path, code_version="v").append({

@@ -60,7 +60,7 @@ def test_a_trial_runs_and_counts_its_flops(write_sweep):
 def test_bench_overhead_names_a_workload_without_a_bare_twin(write_sweep):
     """The bare loop is a workload's own (`Workload.bare_loop`): EfficientNet, a member of the
     ResNet family, has none, and bench overhead says so before it starts anything."""
-    from raybench.harness import bare_loop
+    from raybench.bench.twins import bare_loop
 
     path = write_sweep("name: e\nsystem: {label: cpu}\n"
                        "workload: {name: efficientnet, variant: b0, image_size: 32}\n")

@@ -6,9 +6,9 @@ import os
 
 import pytest
 
+from raybench.context import check_env
 from raybench.grid import expand
 from raybench.spec import SpecError, load_sweep, validate_sweep
-from raybench.worker import check_env
 
 
 def test_env_is_a_grid_axis_recorded_per_variable(write_sweep):

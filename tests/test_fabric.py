@@ -45,9 +45,9 @@ def test_a_rank_reads_its_own_debug_file(tmp_path, monkeypatch):
 
 def test_trials_over_nccl_get_the_debug_file_and_the_users_settings_win(write_sweep):
     from raybench.grid import expand
+    from raybench.runners.on_ray.train import worker_env as _worker_env
     from raybench.sections import ExecutionSpec
     from raybench.spec import load_sweep
-    from raybench.trial import _worker_env
 
     (gpu,) = expand(load_sweep(write_sweep(), ["grid={}", "hardware.num_gpus=2",
                                                "hardware.env.NCCL_DEBUG=WARN"]))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from raybench.grid import expand, resolve_key
-from raybench.plan import placement
+from raybench.runners.on_ray.plan import placement
 from raybench.spec import SpecError, load_sweep
 
 

@@ -1,6 +1,6 @@
 """The driver side of a Ray trial (trial._Group: the Tune trial following its Train run through
 the sweep's mailbox), without Ray: the fit is a stand-in that sends the ranks' messages as Ray
-Train's ranks do (rank_ray.RayRanks) and then ends as the test says, the mailbox a queue in
+Train's ranks do (ranks.RayRanks) and then ends as the test says, the mailbox a queue in
 this process. Covers every way a run ends: its trials handed over, the end of its Train run
 awaited or not, a worker lost mid-group and retried on fresh workers, a run whose workers
 never start, a lone trial's error."""
@@ -13,8 +13,8 @@ from collections import defaultdict
 
 import pytest
 
-from raybench import trial
 from raybench.records import TrialOutcome
+from raybench.runners.on_ray import mailbox, train, trial
 from raybench.sections import ExecutionSpec, HardwareSpec
 
 
@@ -24,7 +24,7 @@ class _Call:
 
 
 class _Mailbox:
-    """trial.Mailbox's calls, in this process (`.remote` does the call; ray.get passes it)."""
+    """mailbox.Mailbox's calls, in this process (`.remote` does the call; ray.get passes it)."""
 
     def __init__(self):
         self.boxes = defaultdict(queue.Queue)
@@ -76,12 +76,12 @@ def run(monkeypatch):
         options = fits.pop(0) if fits else {}
         return _Fit(runs.mailbox, name, len(trials), released, **options)
 
-    monkeypatch.setattr(trial, "_trainer", make)
+    monkeypatch.setattr(trial, "trainer_for", make)
 
     def start(n, *attempts, wait_end=True, **execution):
         fits.extend(attempts)
-        refs = [trial.TrialRef(i, f"k{i}", HardwareSpec(), {}, None) for i in range(n)]
-        runs = trial.RunSettings("", "", ExecutionSpec(isolation="worker", **execution), None,
+        refs = [mailbox.TrialRef(i, f"k{i}", HardwareSpec(), {}, None) for i in range(n)]
+        runs = train.RunSettings("", "", ExecutionSpec(isolation="worker", **execution), None,
                                  {"k0": "PACK"}, _Mailbox())
         group = trial._Group(refs, list(range(n)), runs, begin=0.0)
         got, done = [], threading.Event()
@@ -163,7 +163,7 @@ def test_the_driver_writes_each_trials_row_once_and_rows_for_a_failed_tune_trial
     import json
     from types import SimpleNamespace
 
-    from raybench.runners.on_ray import _Rows
+    from raybench.runners.on_ray.runner import _Rows
 
     written = []
     runs = SimpleNamespace(parcels=None, handoff=False, trials_dir="")

@@ -14,16 +14,17 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from raybench import columns, history
-from raybench.history import History
-from raybench.results import ID_COLUMNS
+from raybench import columns
+from raybench.results import history
+from raybench.results.history import History
+from raybench.results.table import ID_COLUMNS
 from tests.conftest import ROOT
 
 # appends `n` rows of run `run` into `root`, one History per process as a sweep has
 WRITER = """
 import sys
-from raybench.history import History
-from raybench.results import ID_COLUMNS
+from raybench.results.history import History
+from raybench.results.table import ID_COLUMNS
 root, run, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 h = History(root, code_version="test")
 for i in range(n):

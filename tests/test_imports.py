@@ -103,7 +103,7 @@ def tree_graph() -> dict[str, set[str]]:
 
 def test_no_import_cycles(tree_graph):
     graph = tree_graph
-    assert len(graph) > 40 and graph["raybench.sweep"], "the graph was not read"
+    assert len(graph) > 40 and graph["raybench.sweep.command"], "the graph was not read"
     found = cycles(graph)
     detail = "; ".join(
         " / ".join(f"{m} -> {sorted(graph[m] & set(c))}" for m in c) for c in found)
@@ -141,13 +141,19 @@ def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
     return seen
 
 
-@pytest.mark.parametrize("rank_side", ["raybench.trials", "raybench.rank", "raybench.worker",
-                                       "raybench.launched"])
+@pytest.mark.parametrize("rank_side", ["raybench.trials", "raybench.rank.entry",
+                                       "raybench.rank.loop", "raybench.rank.launched",
+                                       "raybench.clock"])
 def test_the_ranks_import_no_sweep_loader(rank_side, tree_graph):
     """What a rank runs (the trial it receives, the rank loop, the timed loop) reaches neither
     the YAML loader, the grid nor the preprocess stage, lazily or not: those are the driver's."""
     loader = {"raybench.spec", "raybench.grid", "raybench.data.stage"}
     assert not reachable(tree_graph, rank_side) & loader
+
+
+# Files that mirror a workload on purpose and so name its fields: bench overhead's bare twins,
+# a plain PyTorch copy of a workload's training that refuses the settings it cannot copy.
+MIRRORS = {"bench/twins.py"}
 
 
 def _workload_names() -> tuple[set[str], set[str]]:
@@ -177,8 +183,8 @@ def core_names_of_workloads(root: Path) -> list[str]:
     (`"workload.tile"`, `trial.workload.mode`, `p.prompt_tokens` after `p = trial.workload`) or
     a column a workload declares (`"train/pixels_per_s"`): each `path:line: what`."""
     fields, metrics = _workload_names()
-    core = [p for p in sorted(root.rglob("*.py")) if p.parent.name != "workloads"
-            or p.name == "__init__.py"]
+    core = [p for p in sorted(root.rglob("*.py")) if (p.parent.name != "workloads"
+            or p.name == "__init__.py") and p.relative_to(root).as_posix() not in MIRRORS]
     found = []
     for path in core:
         tree = ast.parse(path.read_text(), str(path))
@@ -227,3 +233,138 @@ def test_the_workload_names_check_finds_each_kind(tmp_path):
     assert core_names_of_workloads(pkg) == [
         "raybench/report/x.py:1: 'workload.tile'", "raybench/report/x.py:2: 'train/pixels_per_s'",
         "raybench/report/x.py:4: t.workload.mode", "raybench/report/x.py:8: p.prompt_tokens"]
+
+
+# The house, lowest layer first (docs/ARCHITECTURE.md's layout): the leaves every layer uses,
+# the parts beside the flow, the sweep file's reading, the rank side, the wings, the commands.
+# A module imports its own layer and those below it; an import of a higher layer points back up.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("leaves", ("raybench", "raybench.sections", "raybench.trials", "raybench.records",
+                "raybench.columns", "raybench.failures", "raybench.context", "raybench.clock",
+                "raybench.flops", "raybench.memory", "raybench.telemetry", "raybench.fabric",
+                "raybench.store", "raybench.sysinfo", "raybench.version", "raybench.console",
+                "raybench.interrupts", "raybench.progress")),
+    ("beside the flow", ("raybench.data", "raybench.workloads", "raybench.metrics",
+                         "raybench.scenarios")),
+    ("the sweep file", ("raybench.spec", "raybench.grid")),
+    ("the rank side", ("raybench.rank",)),
+    ("the wings", ("raybench.runners", "raybench.results", "raybench.report")),
+    ("the commands", ("raybench.sweep", "raybench.validate", "raybench.bench", "raybench.compare",
+                      "raybench.cli", "raybench.__main__", "raybench.history",
+                      "raybench.rebuild")),
+]
+# The imports that point back up, each with its reason; no other may be added.
+UPWARD = {
+    # a trial carries its workload's parameters: their base class lives with the contracts
+    ("raybench.trials", "raybench.workloads"),
+}
+WINGS = {"raybench.runners", "raybench.rank", "raybench.results", "raybench.validate",
+         "raybench.bench", "raybench.sweep"}
+
+
+def layer(module: str) -> int:
+    """The layer of a module: the longest name in LAYERS that it is or lies in."""
+    best, found = -1, None
+    for i, (_, names) in enumerate(LAYERS):
+        for name in names:
+            if (module == name or module.startswith(name + ".")) and len(name) > best:
+                best, found = len(name), i
+    if found is None:
+        raise KeyError(module)
+    return found
+
+
+def upward_imports(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """(importer, imported) where the imported module lies in a higher layer."""
+    return {(a, b) for a, targets in graph.items() for b in targets if layer(b) > layer(a)}
+
+
+def test_every_module_has_a_layer(tree_graph):
+    unplaced = []
+    for m in tree_graph:
+        try:
+            layer(m)
+        except KeyError:
+            unplaced.append(m)
+    assert not unplaced, (
+        f"{unplaced}: a module at the top of raybench/ that is in no layer. Fix: put it in the "
+        "wing it belongs to (runners/, rank/, results/, validate/, bench/, sweep/) or, if every "
+        "layer uses it and it imports nothing above it, add it to the leaves in LAYERS with "
+        "docs/ARCHITECTURE.md's layout")
+
+
+def test_no_new_import_points_back_up(tree_graph):
+    found = upward_imports(tree_graph) - UPWARD
+    assert not found, "imports from a lower layer to a higher one (LAYERS): " + ", ".join(
+        f"{a} -> {b}" for a, b in sorted(found))
+
+
+def test_the_leaves_import_no_wing(tree_graph):
+    """A flat module that imports a wing is not a leaf: it belongs in that wing."""
+    leaves = [m for m in tree_graph if m.count(".") == 1 and layer(m) == 0]
+    found = {(m, t) for m in leaves for t in tree_graph[m]
+             if any(t == w or t.startswith(w + ".") for w in WINGS)}
+    assert not found, f"leaves importing a wing: {sorted(found)}"
+
+
+def ray_train_or_tune(tree: ast.AST) -> list[int]:
+    """Lines that import Ray Train or Ray Tune (`ray.train`, `ray.tune`, `from ray import tune`)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            base = node.module or ""
+            names = [base] + [f"{base}.{a.name}" for a in node.names]
+        else:
+            continue
+        if any(n.split(".")[:2] in (["ray", "train"], ["ray", "tune"]) for n in names):
+            found.append(node.lineno)
+    return found
+
+
+def test_ray_train_and_tune_only_in_the_ray_wing():
+    wing = ROOT / "runners" / "on_ray"
+    found = [f"{p.relative_to(ROOT.parent)}:{n}" for p in sorted(ROOT.rglob("*.py"))
+             if wing not in p.parents for n in ray_train_or_tune(ast.parse(p.read_text()))]
+    assert not found, ("Ray Train or Tune imported outside raybench/runners/on_ray/: "
+                       f"{found}. Fix: the code belongs in the Ray wing")
+
+
+def test_the_folder_rule_finds_train_and_tune():
+    tree = ast.parse("import ray\nimport ray.train\nfrom ray import tune\n"
+                     "from ray.tune.search import x\nimport ray.data\n")
+    assert ray_train_or_tune(tree) == [2, 3, 4]
+
+
+def unexplained_imports(path: Path) -> list[int]:
+    """raybench's own imports inside a function with no reason beside them: a comment on the
+    import's line or the line above, where a block of imports shares its first one's."""
+    from tests.house import inner_imports
+
+    lines = path.read_text().splitlines()
+    out = []
+    for n in inner_imports(ast.parse("\n".join(lines))):
+        first = n
+        while first > 1 and lines[first - 2].strip().startswith(("from ", "import ")):
+            first -= 1  # the block's first import
+        if "#" not in lines[first - 1] and not lines[first - 2].strip().startswith("#"):
+            out.append(n)
+    return out
+
+
+def test_every_import_inside_a_function_says_why():
+    """An import inside a function hides a dependency from the top of the module: it needs a
+    reason (start-up time measured, an optional dependency, a cycle it avoids)."""
+    found = [f"{p.relative_to(ROOT.parent)}:{n}" for p in sorted(ROOT.rglob("*.py"))
+             for n in unexplained_imports(p)]
+    assert not found, ("raybench imports inside functions without a reason (a comment on the "
+                       "line or above; else import at the top): " + ", ".join(found))
+
+
+def test_the_import_reason_check_finds_a_bare_one(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text("def f():\n    from raybench import a  # why\n    from raybench import b\n"
+                    "\n\ndef g():\n    x = 1\n    from raybench import c\n"
+                    "    # because\n    from raybench import d\n")
+    assert unexplained_imports(path) == [8]

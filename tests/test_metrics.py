@@ -180,7 +180,7 @@ def test_fixed_cost_phases_from_the_runner_and_rank_stamps():
 
 
 def test_bench_overhead_breakdown_adds_up_per_trial():
-    from raybench.harness import breakdown
+    from raybench.bench.overhead import breakdown
 
     def row(start, end, measured, **phases):
         return {"start_time": f"2026-01-01T00:00:{start:06.3f}+00:00",
@@ -200,7 +200,7 @@ def test_bench_overhead_breakdown_adds_up_per_trial():
 
 
 def test_bench_overhead_ratio_pairs_rounds_and_judges_the_goal():
-    from raybench.harness import paired_ratio
+    from raybench.bench.overhead import paired_ratio
 
     # the machine's speed moves by half between rounds; the runners' gap (0.5%) stays: paired
     # rounds see only the gap (a ratio of medians would see the drift's medians too)
@@ -220,7 +220,7 @@ def test_bench_overhead_ratio_pairs_rounds_and_judges_the_goal():
 
 
 def test_bench_overhead_rounds_come_to_their_figures_and_verdicts():
-    from raybench.harness import LATER_TRIAL_MARGIN_S, _Rounds
+    from raybench.bench.overhead import LATER_TRIAL_MARGIN_S, _Rounds
 
     def row(rate, fixed, position, wait, start=10.0, end=20.0):
         return {"start_time": f"2026-01-01T00:00:{start:06.3f}+00:00",
@@ -251,7 +251,7 @@ def test_bench_overhead_interval_holds_the_true_ratio_95_times_in_100():
     a known ratio; its 95% interval must hold that ratio in about 95% of 400 such runs."""
     import numpy as np
 
-    from raybench.harness import paired_ratio
+    from raybench.bench.overhead import paired_ratio
 
     rng = np.random.default_rng(7)
     true = 0.97

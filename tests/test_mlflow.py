@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient  # the dev extra installs mlflow-skinny
 
-from raybench import sweep, tracking
+from raybench.results import tracking
+from raybench.sweep import command as sweep
 from tests.conftest import ROOT, TINY_SWEEP
 from tests.integration.ray_nodes import free_port
 

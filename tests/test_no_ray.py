@@ -12,7 +12,7 @@ from tests.conftest import ROOT
 def test_bench_runs_without_ray(tmp_path):
     code = (
         "import sys; sys.modules['ray'] = None\n"  # any `import ray` now raises ImportError
-        "from raybench.bench import main\n"
+        "from raybench.bench.command import main\n"
         f"sys.exit(main(['run', 'sweeps/local_cpu.yaml', '--trials', '0', '--jsonl', '--output', "
         f"r'{tmp_path}', '--set', 'measure.measure_steps=2', '--set', 'measure.warmup_steps=1', '--set', "
         f"'measure.repeats=1']))\n"

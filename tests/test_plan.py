@@ -8,8 +8,8 @@ import os
 import pandas as pd
 
 from raybench.grid import expand
-from raybench.plan import NODE_TOKEN, concurrency_limit, strategy
-from raybench.rundir import publish
+from raybench.results.rundir import publish
+from raybench.runners.on_ray.plan import NODE_TOKEN, concurrency_limit, strategy
 from raybench.spec import load_sweep
 
 SWEEP = """
@@ -71,7 +71,7 @@ def test_publish_copies_the_run_directory(tmp_path):
 
 
 def test_worker_groups_share_workers_by_shape_only(write_sweep):
-    from raybench.plan import worker_groups
+    from raybench.runners.on_ray.plan import worker_groups
 
     spec = load_sweep(write_sweep("""
         name: g
@@ -104,7 +104,7 @@ def test_worker_groups_share_workers_by_shape_only(write_sweep):
 
 
 def test_a_trial_that_keeps_a_checkpoint_runs_alone(write_sweep):
-    from raybench.plan import worker_groups
+    from raybench.runners.on_ray.plan import worker_groups
     from tests.conftest import ROOT
 
     ts = expand(load_sweep(ROOT / "sweeps" / "xview3_cpu.yaml",
@@ -118,7 +118,7 @@ def test_an_embedded_ray_counts_the_gpus_ray_finds_within_cuda_visible_devices(m
     # the driver starts its Ray while torch is still being imported: the count is Ray's own
     from ray._private.accelerators import nvidia_gpu
 
-    from raybench import cluster
+    from raybench.runners.on_ray import cluster
 
     manager = nvidia_gpu.NvidiaGPUAcceleratorManager
     monkeypatch.setattr(manager, "get_current_node_num_accelerators", staticmethod(lambda: 4))
@@ -135,7 +135,7 @@ def test_tune_is_quiet_wherever_raybench_takes_its_ray_unless_verbose(monkeypatc
     # box landed on its stdout, in front of its JSON line
     import ray
 
-    from raybench import cluster
+    from raybench.runners.on_ray import cluster
 
     monkeypatch.setattr(ray, "is_initialized", lambda: True)  # joins nothing, starts nothing
     monkeypatch.delenv("RAY_AIR_NEW_OUTPUT", raising=False)

@@ -9,12 +9,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from raybench import history as history_store
 from raybench.grid import expand
-from raybench.history import History
 from raybench.records import TrialOutcome
-from raybench.results import ResultsTable, RowWriter
+from raybench.results import history as history_store
+from raybench.results.history import History
+from raybench.results.table import ResultsTable
+from raybench.results.writer import RowWriter
 from raybench.spec import load_sweep
+from raybench.sweep.loop import summarize
 from raybench.version import code_version
 
 
@@ -112,7 +114,7 @@ def test_summary_best_is_the_fastest_valid_trial(write_sweep, tmp_path):
     diverged = outcome(500.0)
     diverged.metrics["train/loss_finite"] = False
     writer.write(fast, diverged)
-    summary = writer.summary(tmp_path, 1.0)
+    summary = summarize(writer, tmp_path, 1.0)
     assert summary["best"] == {"trial_key": slow.key, "samples_per_s": 100.0}
     assert summary["ok"] == 2 and summary["invalid"] == 1
     # a Server search that met no rate has no headline and is invalid in the report: so here
@@ -121,13 +123,13 @@ def test_summary_best_is_the_fastest_valid_trial(write_sweep, tmp_path):
     writer.write(server, TrialOutcome(
         status="ok", metrics={"server/met_bound": False, "server/latency_percentile": 99.0,
                               "server/latency_bound_ms": 50.0}))
-    summary = writer.summary(tmp_path, 1.0)
+    summary = summarize(writer, tmp_path, 1.0)
     assert summary["ok"] == 3 and summary["invalid"] == 2
     assert summary["best"] == {"trial_key": slow.key, "samples_per_s": 100.0}
 
 
 def test_new_run_refuses_a_directory_with_rows_and_resume_checks_the_sweep(write_sweep, tmp_path):
-    from raybench.rundir import run_directory
+    from raybench.results.rundir import run_directory
     from raybench.spec import SpecError, load_sweep
 
     spec = load_sweep(write_sweep(), [f"output.root={tmp_path / 'res'}"])
@@ -184,7 +186,7 @@ def test_sweeps_started_in_the_same_second_get_their_own_run_directories(write_s
     started together never share one (the clock is frozen here to make them collide)."""
     from datetime import datetime, timezone
 
-    from raybench import rundir
+    from raybench.results import rundir
     from raybench.spec import load_sweep
 
     class Frozen(datetime):
@@ -227,7 +229,7 @@ def test_resume_brings_the_csv_and_the_history_up_to_the_table(write_sweep, tmp_
 
 
 def test_a_damaged_table_is_named_and_rebuilt_from_the_trial_files(write_sweep, tmp_path):
-    from raybench import rebuild
+    from raybench.results import rebuild
     from raybench.store import UnreadableTable
 
     spec = load_sweep(write_sweep())

@@ -25,7 +25,7 @@ measure: {warmup_steps: 2, measure_steps: 6}
 
 
 def test_a_sweep_runs_its_ranks_under_torchrun(write_sweep, tmp_path):
-    from raybench.sweep import main
+    from raybench.sweep.command import main
 
     out = tmp_path / "run"
     rc = main([str(write_sweep(TWO_RANKS)), "--runner", "torchrun", "--output", str(out)])

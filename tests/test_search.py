@@ -7,12 +7,12 @@ import json
 import pandas as pd
 import pytest
 
-from raybench.bench import main as bench_main
+from raybench.bench.command import main as bench_main
 from raybench.grid import expand
 from raybench.records import TrialOutcome
 from raybench.runners.local import run_local
-from raybench.search import LargestBatchSpec, largest_batch
 from raybench.spec import SpecError, load_sweep
+from raybench.sweep.search import LargestBatchSpec, largest_batch
 
 SEARCH = """
 name: search

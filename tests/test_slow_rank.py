@@ -26,8 +26,8 @@ def _rank(rank: int, port: int, sweep: str, slow_s: float, out: str) -> None:
     from raybench.context import WorkerContext
     from raybench.grid import expand
     from raybench.metrics import summarize
+    from raybench.rank.loop import run_worker
     from raybench.spec import load_sweep
-    from raybench.worker import run_worker
 
     with gloo_group(rank, port):
         (trial,) = expand(load_sweep(Path(sweep), ["grid={}", "hardware.cpu_workers=2",

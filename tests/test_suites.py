@@ -1,4 +1,4 @@
-"""The validation suites shipped with raybench (raybench/suites/): every file loads and expands
+"""The validation suites shipped with raybench (raybench/validate/suites/): every file loads and expands
 into trials with what `validate` sets in it, for a GPU cluster of two nodes and for CPU nodes;
 the GPU probes' windows are long enough for NVML's figures."""
 
@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from raybench import plan, telemetry, validate
+from raybench import telemetry
 from raybench.grid import expand
+from raybench.runners.on_ray import plan
 from raybench.spec import load_sweep
+from raybench.validate import command as validate
 
 GPU_NODES = [{"GPU": 8.0, "CPU": 96.0}, {"GPU": 8.0, "CPU": 96.0}]
 CPU_NODES = [{"CPU": 2.0}, {"CPU": 2.0}]

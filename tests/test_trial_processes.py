@@ -2,8 +2,8 @@
 
 Tune's trial process and the Train controller load no torch: on the 2-core machine importing
 torch and a workload's model library cost each of them 2.7 s of a core at every worker group's
-start (docs/performance.md). They get a trial as `trial.TrialRef` (its spec by reference), the
-rank entry `rank.run_trials` with its Ray side `rank_ray.RayRanks`, and the backend
+start (docs/performance.md). They get a trial as `mailbox.TrialRef` (its spec by reference), the
+rank entry `rank.entry.run_trials` with its Ray side `ranks.RayRanks`, and the backend
 `process_group.ProcessGroupConfig`, all unpickled by reference to their modules. The sweep's driver validates the workload's parameters, so it
 imports the workload module and torch, but not the model library (torchvision: 1.4 s), nor
 MLflow for Tune's count of its callbacks (0.7 s).
@@ -19,11 +19,12 @@ import sys
 import pytest
 
 from raybench.grid import expand
-from raybench.process_group import ProcessGroupConfig
-from raybench.rank import run_trials
-from raybench.rank_ray import RayRanks
+from raybench.rank.entry import run_trials
+from raybench.runners.on_ray.mailbox import TrialRef
+from raybench.runners.on_ray.process_group import ProcessGroupConfig
+from raybench.runners.on_ray.ranks import RayRanks
+from raybench.runners.on_ray.trial import tune_entry
 from raybench.spec import load_sweep
-from raybench.trial import TrialRef, tune_entry
 from tests.conftest import ROOT
 
 # Unpickles each of the pickles on stdin in turn, printing after each what is loaded so far
@@ -86,9 +87,9 @@ def test_validating_an_image_sweep_imports_no_model_library():
 
 def test_the_sweep_driver_starts_without_torch():
     """The driver imports the workload's module (torch, 1.2-1.5 s here) on a thread beside
-    Ray's start (sweep.py); a module the driver imports at its top that imports torch puts
+    Ray's start (sweep/command.py); a module the driver imports at its top that imports torch puts
     that time back in front of every sweep, as `sysinfo` did when it named the code."""
-    assert _printed("import sys, raybench.sweep; print('torch' in sys.modules)") == "False"
+    assert _printed("import sys, raybench.sweep.command; print('torch' in sys.modules)") == "False"
 
 
 class _Context:
@@ -104,7 +105,7 @@ def test_a_rank_joins_with_torchruns_variables_and_nccl_fails_rather_than_hangs(
     import ray.train
     import torch.distributed as dist
 
-    from raybench import process_group
+    from raybench.runners.on_ray import process_group
 
     calls = []
     monkeypatch.setattr(ray.train, "get_context", _Context)
@@ -135,7 +136,7 @@ def test_the_backend_config_is_recorded_as_torch():
 
 CENSUS = ("import sys; from ray import tune; from ray.air._internal import usage; "
           "from ray.tune.stopper import FunctionStopper; "
-          "from raybench.runners.on_ray import _Rows; rows = _Rows([], [], None, None); "
+          "from raybench.runners.on_ray.runner import _Rows; rows = _Rows([], [], None, None); "
           "assert FunctionStopper.is_valid_function(rows); "
           "config = tune.RunConfig(stop=rows); usage.tag_callbacks(config.callbacks); "
           "print('mlflow' in sys.modules); "

@@ -1,4 +1,4 @@
-"""raybench.verdict on fabricated NVML facts and probe rows: each fault gives its warn or fail
+"""raybench.validate.verdict on fabricated NVML facts and probe rows: each fault gives its warn or fail
 with its reason, a healthy machine passes, and the margins file is checked like a sweep."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import os
 import pandas as pd
 import pytest
 
-from raybench.verdict import Margins, MarginsError, judge, load_margins
+from raybench.validate.verdict import Margins, MarginsError, judge, load_margins
 from tests.conftest import ROOT
 
 HEALTHY = {"ecc_uncorrected_volatile": 0, "ecc_uncorrected_aggregate": 0, "retired_pages": 0,
@@ -169,7 +169,7 @@ def test_two_nodes_whose_drivers_differ_both_fail_the_same_way_every_run():
 
     # the facts go in as JSON: importing this module would import the tests' torch (2 s each)
     facts = json.dumps({"10.0.0.1": node(), "10.0.0.2": node(driver="550.54.15")})
-    code = ("import json, sys, pandas as pd; from raybench.verdict import Margins, judge; "
+    code = ("import json, sys, pandas as pd; from raybench.validate.verdict import Margins, judge; "
             "_, nodes = judge(json.loads(sys.argv[1]), pd.DataFrame(), Margins()); "
             "print(json.dumps({v.subject: [v.level, v.reasons] for v in nodes}))")
     seen = {subprocess.run([sys.executable, "-c", code, facts],
@@ -286,9 +286,9 @@ def test_a_gpu_no_probe_ran_on_is_said():
 
 
 def test_measured_peaks_come_from_the_newest_validation_and_give_mfu():
-    """raybench.peaks: per precision the median GPU of the newest validation run; a later
+    """raybench.results.peaks: per precision the median GPU of the newest validation run; a later
     row's MFU against it, none for the probe's own rows or a precision never measured."""
-    from raybench import peaks
+    from raybench.results import peaks
 
     rows = pd.DataFrame([
         {"run_id": "old", "recorded_at": "2026-10-01", "status": "ok",
@@ -312,8 +312,8 @@ def test_measured_peaks_come_from_the_newest_validation_and_give_mfu():
 
 
 def test_the_validation_page_escapes_text_and_lists_the_worst_first():
-    from raybench.validate import page
-    from raybench.verdict import Verdict
+    from raybench.validate.command import page
+    from raybench.validate.verdict import Verdict
 
     bad = Verdict("10.0.0.1 GPU 0", figures={"probe/matmul_tflops": 300.0})
     bad.add("fail", "reason with <script>alert(1)</script>")
@@ -327,11 +327,12 @@ def test_the_validation_page_escapes_text_and_lists_the_worst_first():
 
 
 def test_the_row_writer_states_mfu_against_the_measured_peak(tmp_path, write_sweep):
-    """results.RowWriter adds perf/mfu_measured_pct to a row once the sweep found this
+    """results.writer.RowWriter adds perf/mfu_measured_pct to a row once the sweep found this
     system's measured peak (sweep.run_sweep sets writer.measured_peaks from peaks.latest)."""
     from raybench.grid import expand
     from raybench.records import TrialOutcome
-    from raybench.results import ResultsTable, RowWriter
+    from raybench.results.table import ResultsTable
+    from raybench.results.writer import RowWriter
     from raybench.spec import load_sweep
 
     spec = load_sweep(write_sweep())

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from raybench.bench import main as bench_main
+from raybench.bench.command import main as bench_main
 from raybench.grid import expand
 from raybench.runners.local import run_local
 from raybench.spec import load_sweep
@@ -123,7 +123,7 @@ def test_cpu_tile_sweep_fills_every_column(tmp_path, capsys):
 @pytest.mark.serial  # a time against torch's Timer: alone (1.85x beside three other tests)
 def test_forward_time_agrees_with_torch_benchmark_timer(write_sweep):
     """On GPU the must-show is within 5%; a shared 2-core CPU only bounds it loosely."""
-    from raybench.harness import forward_check
+    from raybench.bench.forward import forward_check
 
     t = trial(write_sweep, "workload.tile=128", "measure.measure_steps=20")
     result = forward_check(t)

@@ -10,12 +10,13 @@ import time
 import pytest
 import torch
 
+from raybench.clock import StepClock
 from raybench.context import WorkerContext
 from raybench.grid import expand
+from raybench.rank.loop import measure_rank
 from raybench.report.assess import validity
 from raybench.runners.local import run_local
 from raybench.spec import SpecError, load_sweep
-from raybench.worker import measure_rank
 from tests.conftest import gloo_group, spawn_ranks
 
 
@@ -104,7 +105,7 @@ def test_the_bare_twin_trains_as_the_trial_does(write_sweep, monkeypatch, data, 
     (seen from inside its model's first convolution), and refuses what it cannot mirror."""
     import torchvision
 
-    from raybench.harness import bare_loop
+    from raybench.bench.twins import bare_loop
 
     seen = []
     build = torchvision.models.resnet18
@@ -240,6 +241,7 @@ class _Sleeper:
 
     def __init__(self, ctx):
         self.ctx = ctx
+        self.clock = StepClock(ctx.device)
 
     def batches(self):
         while True:
@@ -250,32 +252,31 @@ class _Sleeper:
         return batch
 
     def step(self, batch):
-        with self.ctx.phase("forward"):
+        with self.clock.phase("forward"):
             time.sleep(0.006)
         return torch.tensor(1.0)
 
 
 @pytest.mark.serial  # sleep-paced steps timed to the millisecond: alone
 def test_window_sync_agrees_with_step_sync_on_cpu(write_sweep):
-    from raybench.worker import _run_windows, _timed_step
+    from raybench.rank.loop import Steps, _run_windows, _timed_step
 
     ctx = cpu_ctx(one_trial(write_sweep))
     w = _Sleeper(ctx)
-    batches = w.batches()
-    step = [_timed_step(w, batches, ctx) for _ in range(20)]
-    ctx.phase_s.clear()
-    ctx.sync = "window"
-    run = _run_windows(w, batches, ctx, 20, 1)
+    s = Steps(w, w.batches(), w.clock, ctx)
+    step = [_timed_step(s) for _ in range(20)]
+    w.clock.phase_s.clear()
+    run = _run_windows(s, 20, 1, sync="window")
     waits, compute = run["wait_s"], run["compute_s"]
-    assert len(waits) == len(compute) == len(ctx.phase_s["forward"]) == 20 and not ctx._pending
+    assert len(waits) == len(compute) == len(w.clock.phase_s["forward"]) == 20
+    assert not w.clock._pending
     assert sum(waits) + sum(compute) == pytest.approx(run["windows_s"][0], rel=0.03)
     med = statistics.median
     assert med(waits) == pytest.approx(med(s[0] for s in step), rel=0.3, abs=3e-4)
     assert med(compute) == pytest.approx(med(s[1] for s in step), rel=0.1)
-    assert 0.006 <= med(ctx.phase_s["forward"]) < 0.008
+    assert 0.006 <= med(w.clock.phase_s["forward"]) < 0.008
     # the windows' own step loop under `sync: step` times a step as _timed_step does
-    ctx.sync = "step"
-    again = _run_windows(w, batches, ctx, 20, 1)
+    again = _run_windows(s, 20, 1, sync="step")
     assert len(again["wait_s"]) == len(again["compute_s"]) == 20
     assert med(again["compute_s"]) == pytest.approx(med(s[1] for s in step), rel=0.1)
     assert med(again["wait_s"]) == pytest.approx(med(s[0] for s in step), rel=0.3, abs=3e-4)
@@ -292,30 +293,30 @@ class _Paced(_Sleeper):
         return 4
 
     def step(self, batch):
-        with self.ctx.phase("forward"):
+        with self.clock.phase("forward"):
             time.sleep(self.pace(self.n // self.steps))
         self.n += 1
         return torch.tensor(1.0)
 
 
 def _windows(write_sweep, pace, most, repeats=3, steps=5):
-    from raybench.worker import _run_windows
+    from raybench.rank.loop import Steps, _run_windows
 
     ctx = cpu_ctx(one_trial(write_sweep))
     w = _Paced(ctx, steps, pace)
-    return _run_windows(w, w.batches(), ctx, steps, repeats, most), ctx
+    return _run_windows(Steps(w, w.batches(), w.clock, ctx), steps, repeats, most), w.clock
 
 
 @pytest.mark.serial  # sleep-paced steps timed to the millisecond: alone
 def test_a_slow_first_window_becomes_warmup(write_sweep):
     # the first window at 3x the steady step time (a clock ramping up, a neighbour's burst)
-    run, ctx = _windows(write_sweep, lambda k: 0.09 if k == 0 else 0.03, most=5)
+    run, clock = _windows(write_sweep, lambda k: 0.09 if k == 0 else 0.03, most=5)
     extra = run["warmup_windows"]
     assert extra in (1, 2)  # the slow one, and at most one more if the steady ones were noisy
     assert len(run["windows_s"]) == 3 and max(run["windows_s"]) < 0.3  # 5 x 32 ms kept
-    assert len(run["wait_s"]) == len(run["compute_s"]) == len(ctx.phase_s["forward"]) == 15
+    assert len(run["wait_s"]) == len(run["compute_s"]) == len(clock.phase_s["forward"]) == 15
     assert len(run["warm"]) == 5 * extra and min(c for _, c, _ in run["warm"][:5]) > 0.08
-    assert min(ctx.phase_s["forward"]) < 0.05  # the slow window's phases left with it
+    assert min(clock.phase_s["forward"]) < 0.05  # the slow window's phases left with it
     # CPU time and GPU telemetry are then read from the first kept window's start
     since = time.perf_counter() - run["kept_from"]["wall"]
     assert since == pytest.approx(sum(run["windows_s"]), abs=0.02)
@@ -324,11 +325,11 @@ def test_a_slow_first_window_becomes_warmup(write_sweep):
 
 @pytest.mark.serial  # sleep-paced steps timed to the millisecond: alone
 def test_windows_that_never_agree_stop_at_max_repeats(write_sweep):
-    run, ctx = _windows(write_sweep, lambda k: 0.01 if k % 2 == 0 else 0.04, most=5)
+    run, clock = _windows(write_sweep, lambda k: 0.01 if k % 2 == 0 else 0.04, most=5)
     assert run["warmup_windows"] == 2  # five run, the last three kept: fast, slow, fast
     fast, slow, fast2 = run["windows_s"]
     assert slow > 2 * max(fast, fast2)
-    assert len(run["warm"]) == 10 and len(ctx.phase_s["forward"]) == 15
+    assert len(run["warm"]) == 10 and len(clock.phase_s["forward"]) == 15
     assert run["window_steps"] == [5, 5, 5]
 
 
@@ -336,14 +337,14 @@ def _paced_rank(rank: int, port: int, out: str) -> None:
     import json
     from pathlib import Path
 
+    from raybench.rank.loop import Steps, _run_windows
     from raybench.spec import HardwareSpec
-    from raybench.worker import _run_windows
 
     with gloo_group(rank, port):
         ctx = WorkerContext(rank, rank, 2, 0, torch.device("cpu"), HardwareSpec(cpu_workers=2))
         # only rank 1's first window is slow: rank 0 alone would see nothing to drop
         w = _Paced(ctx, 5, lambda k: 0.09 if rank == 1 and k == 0 else 0.03)
-        run = _run_windows(w, w.batches(), ctx, 5, 3, 5)
+        run = _run_windows(Steps(w, w.batches(), w.clock, ctx), 5, 3, 5)
         Path(f"{out}.{rank}").write_text(json.dumps(
             {"extra": run["warmup_windows"], "windows": len(run["windows_s"])}))
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from raybench import workloads
+from raybench.clock import StepClock
 from raybench.context import WorkerContext
 from raybench.data import xview3 as x3
 from raybench.data.chip import chip_scenes
@@ -21,9 +22,10 @@ from raybench.data.chipread import ChipParams
 from raybench.data.chipset import MIN_BOX_PX, ChipSet
 from raybench.data.synth_xview3 import generate
 from raybench.grid import expand
+from raybench.rank.epochs import run_epochs
+from raybench.rank.loop import Steps, _timed_step
 from raybench.runners.local import run_local
 from raybench.spec import HardwareSpec, SpecError, load_sweep
-from raybench.worker import _run_epochs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -167,10 +169,15 @@ class _Epochs:
         return {"xview3/aggregate": 0.1 * (epoch + 1)}
 
 
+def _epochs(w, batches, ctx, warmup):
+    s = Steps(w, batches, StepClock(ctx.device), ctx)
+    return run_epochs(w, ctx, s.clock, warmup, lambda: _timed_step(s))
+
+
 def test_epoch_loop_measures_all_but_warmup_and_evaluates_outside_the_timing():
     w = _Epochs(epochs=3, steps=5)
     ctx = WorkerContext(0, 0, 1, 0, torch.device("cpu"), HardwareSpec())
-    run = _run_epochs(w, iter(range(100)), ctx, warmup=2)
+    run = _epochs(w, iter(range(100)), ctx, 2)
     assert [c for c in w.calls if c[0] == "eval"] == [("eval", 0), ("eval", 1), ("eval", 2)]
     assert w.calls.index(("eval", 0)) == 5 and w.calls.index(("eval", 1)) == 11
     assert len(run["warm"]) == 2 and len(run["compute_s"]) == 3 + 5 + 5
@@ -178,7 +185,7 @@ def test_epoch_loop_measures_all_but_warmup_and_evaluates_outside_the_timing():
     assert [e["xview3/aggregate"] for e in run["epochs"]] == [0.1, 0.2, pytest.approx(0.3)]
     assert all(e["train_s"] > 0 and e["eval_s"] >= 0 for e in run["epochs"])
     with pytest.raises(ValueError, match="not more than warmup_steps"):
-        _run_epochs(_Epochs(1, 2), iter(range(9)), ctx, warmup=2)
+        _epochs(_Epochs(1, 2), iter(range(9)), ctx, 2)
 
 
 def test_each_epoch_is_a_line_of_metrics_epoch_jsonl_as_it_ends(tmp_path):
@@ -191,7 +198,7 @@ def test_each_epoch_is_a_line_of_metrics_epoch_jsonl_as_it_ends(tmp_path):
 
     ctx = WorkerContext(0, 0, 1, 0, torch.device("cpu"), HardwareSpec(),
                         artifact_dir=str(tmp_path))
-    run = _run_epochs(Diverging(epochs=3, steps=5), iter(range(100)), ctx, warmup=2)
+    run = _epochs(Diverging(epochs=3, steps=5), iter(range(100)), ctx, 2)
     lines = [json.loads(x) for x in (tmp_path / "metrics_epoch.jsonl").read_text().splitlines()]
     assert [x["epoch"] for x in lines] == [1, 2, 3]
     assert [x["xview3/aggregate"] for x in lines] == [0.1, 0.2, pytest.approx(0.3)]
@@ -202,7 +209,7 @@ def test_each_epoch_is_a_line_of_metrics_epoch_jsonl_as_it_ends(tmp_path):
                           artifact_dir=str(tmp_path / "rank1"))
     with pytest.MonkeyPatch.context() as mp:  # a rank other than 0 writes nothing
         mp.setattr(other, "barrier", lambda: None)
-        _run_epochs(_Epochs(epochs=1, steps=3), iter(range(9)), other, warmup=1)
+        _epochs(_Epochs(epochs=1, steps=3), iter(range(9)), other, 1)
     assert not (tmp_path / "rank1").exists()
 
 

@@ -17,7 +17,6 @@ share no disk needs a URI, since a strip task writes its shard from whichever no
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import logging
@@ -334,23 +333,28 @@ def load_chip(shard_row: dict[str, Any], channels: int, size: int) -> tuple[np.n
     return data, mask
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m raybench.data.chip",
-                                description=__doc__.split("\n")[0])
-    p.add_argument("--scenes", required=True, help="a split root of scene folders")
-    p.add_argument("--labels", required=True, help="the split's label CSV")
-    p.add_argument("--out", required=True)
-    p.add_argument("--chip-size", type=int, default=800)
-    p.add_argument("--overlap", type=int, default=0)
-    p.add_argument("--channels", default="vh,vv,bathymetry")
-    p.add_argument("--normalize", choices=["standard", "reference"], default="standard")
+def main(argv: list[str] | None = None, prog: str = "python -m raybench.data.chip") -> int:
+    p = console.parser(prog, "Cut xView3 scenes into chips and their labels on Ray Data.")
+    p.add_argument("--scenes", required=True, metavar="DIR", help="a split root of scene folders")
+    p.add_argument("--labels", required=True, metavar="CSV", help="the split's label CSV")
+    p.add_argument("--out", required=True, metavar="DIR", help="where the chips go")
+    p.add_argument("--chip-size", type=int, default=800, metavar="PX",
+                   help="chip side in pixels (default %(default)s)")
+    p.add_argument("--overlap", type=int, default=0, metavar="PX",
+                   help="pixels shared by neighbouring chips (default 0)")
+    p.add_argument("--channels", default="vh,vv,bathymetry", metavar="A,B",
+                   help="bands, in order (default %(default)s)")
+    p.add_argument("--normalize", choices=["standard", "reference"], default="standard",
+                   metavar="MODE", help="standard (fixed statistics) or reference (per chip)")
     p.add_argument("--select", choices=["train", "all"], default="train",
-                   help="train: labelled chips plus background; all: every chip (inference)")
-    p.add_argument("--background", type=float, default=0.5,
+                   help="labelled chips plus background, or every chip")
+    p.add_argument("--background", type=float, default=0.5, metavar="F",
                    help="empty chips per label row, for --select train")
-    p.add_argument("--on-error", choices=["fail", "skip"], default="fail")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--num-cpus", type=int, help="CPUs of the embedded Ray (default: all)")
+    p.add_argument("--on-error", choices=["fail", "skip"], default="fail",
+                   help="a corrupt scene fails the run, or is skipped")
+    p.add_argument("--seed", type=int, default=0, help="seed of the background draw")
+    p.add_argument("--num-cpus", type=int, metavar="N",
+                   help="CPUs of the embedded Ray (default: all)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     params = ChipParams(args.chip_size, args.overlap, tuple(args.channels.split(",")),

@@ -30,6 +30,7 @@ import rasterio
 from rasterio.windows import Window
 
 from raybench import store
+from raybench.data import resample
 from raybench.data import xview3 as x3
 
 # (offset, scale) for `standard`: value -> (value - offset) / scale. dB statistics from the spec
@@ -221,62 +222,13 @@ def timed(clock: dict[str, float] | None, phase: str) -> Iterator[None]:
 
 def _resample(src, r0: int, h: int, c0: int, w: int, out: np.ndarray,
               clock: dict[str, float] | None = None) -> None:
-    """Bilinear 500 m -> 10 m for fine rows [r0, r0+h), cols [c0, c0+w), reading only the
-    coarse rows they need. Pixel centres map as (i + 0.5) / 50 - 0.5 in coarse index space
-    (clamped at the edges). Nodata neighbours get no weight and a fine pixel with only nodata
-    neighbours stays nodata: bilinear weights are separable, so the weighted sum of valid values
-    and the sum of valid weights are each two 1-D interpolations, columns first (on the few
-    coarse rows). Written into `out` (h x w)."""
-    f = x3.COARSE_FACTOR
-    y = np.clip((np.arange(r0, r0 + h) + 0.5) / f - 0.5, 0, src.height - 1)
-    x = np.clip((np.arange(c0, c0 + w) + 0.5) / f - 0.5, 0, src.width - 1)
-    top = int(np.floor(y[0]))
-    bottom = min(src.height - 1, int(np.floor(y[-1])) + 1)
+    """Bilinear 500 m -> 10 m for fine rows [r0, r0+h), cols [c0, c0+w) into `out` (h x w),
+    reading only the coarse rows they need (resample.py does the arithmetic)."""
+    top, bottom, y, x = resample.coarse_span(src.height, src.width, r0, h, c0, w)
     with timed(clock, "read"):
         coarse = src.read(1, window=Window(0, top, src.width, bottom - top + 1))
     with timed(clock, "resample"):
-        # columns first, on the few coarse rows, then rows: a row gather copies whole rows,
-        # where a column gather over the fine window was half the resampling time
-        good = coarse != x3.NODATA
-        if good.all():  # the usual window: every weight is valid, no normalising sum
-            _interp_rows(_interp_cols(coarse.astype(np.float32), x), y - top, out)
-            return
-        good = good.astype(np.float32)
-        num = _interp_rows(_interp_cols(np.where(good > 0, coarse, 0).astype(np.float32), x),
-                           y - top)
-        den = _interp_rows(_interp_cols(good, x), y - top)
-        out[:] = np.where(den > 1e-6, num / np.maximum(den, 1e-6), x3.NODATA)
-
-
-def _interp_cols(a: np.ndarray, pos: np.ndarray) -> np.ndarray:
-    """Linear interpolation of `a` at fractional column indices `pos` (a few rows: a gather of
-    both neighbours costs nothing here)."""
-    i0 = np.floor(pos).astype(int)
-    i1 = np.minimum(i0 + 1, a.shape[1] - 1)
-    wt = (pos - i0).astype(np.float32)
-    return a[:, i0] * (1 - wt)[None, :] + a[:, i1] * wt[None, :]
-
-
-def _interp_rows(a: np.ndarray, pos: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """Linear interpolation of `a` at fractional row indices `pos` (ascending), as
-    a[k] + w * (a[k+1] - a[k]): the fine rows between two coarse rows (50 of them at 500 m ->
-    10 m) are one outer product added to a row, written in place, where gathering both
-    neighbours of every row took five window-sized passes (0.27 -> 0.12 s per 100 chips).
-    Rounded differently from the gather (float32 ulps). Into `out` if given."""
-    i0 = np.floor(pos).astype(int)
-    wt = (pos - i0).astype(np.float32)
-    if out is None:
-        out = np.empty((len(pos), a.shape[1]), dtype=np.float32)
-    step = np.diff(a, axis=0)
-    starts = np.flatnonzero(np.diff(i0, prepend=-1))
-    for lo, hi in zip(starts, [*starts[1:], len(pos)], strict=True):
-        k = i0[lo]
-        if k + 1 < len(a):
-            np.multiply.outer(wt[lo:hi], step[k], out=out[lo:hi])
-            out[lo:hi] += a[k]
-        else:  # clamped at the last coarse row: its weight is 0
-            out[lo:hi] = a[k]
-    return out
+        resample.bilinear(coarse, y - top, x, out)
 
 
 def _open(path: str):

@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from raybench import store
 from raybench.columns import Metric, declare
+from raybench.data.xview3 import CHANNEL_FILES, scene_dirs
 from raybench.records import TrialOutcome
 from raybench.sections import STRICT
 
@@ -73,7 +74,6 @@ class PreprocessSpec(BaseModel):
     def _check(self) -> PreprocessSpec:
         if self.overlap >= self.chip_size:
             raise ValueError(f"overlap ({self.overlap}) must be < chip_size ({self.chip_size})")
-        from raybench.data.xview3 import CHANNEL_FILES
 
         unknown = [c for c in self.channels if c not in CHANNEL_FILES]
         if unknown or not self.channels:
@@ -103,8 +103,8 @@ def check_inputs(spec: PreprocessSpec) -> tuple[str, str] | None:
         return None  # the stage writes these inputs itself
     import rasterio
 
+    # rasterio (0.45 s): spec.py, every sweep's loader, imports this module
     from raybench.data.labels import read_labels
-    from raybench.data.xview3 import CHANNEL_FILES, scene_dirs
 
     try:
         read_labels(spec.labels)
@@ -127,6 +127,7 @@ def check_inputs(spec: PreprocessSpec) -> tuple[str, str] | None:
 
 def run_stage(spec: PreprocessSpec, run_dir: Path) -> TrialOutcome:
     """Chip (or find cached) scenes; returns the stage row's fields. Needs Ray connected."""
+    # Ray Data and rasterio (0.4 s): only when a stage runs
     from raybench.data.chip import chip_scenes
     from raybench.data.chipread import ChipParams
 
@@ -168,6 +169,7 @@ def prepare_local(spec: PreprocessSpec, chip: bool = True) -> str:
     out = store.join(spec.out, _tag(spec))
     if not chip:
         return out
+    # Ray Data and rasterio (0.4 s): only when a stage runs
     from raybench.data.chip import chip_scenes
     from raybench.data.chipread import ChipParams
 
@@ -193,6 +195,7 @@ def stage_config(spec: PreprocessSpec) -> dict[str, Any]:
 def _generate_if_missing(spec: PreprocessSpec) -> None:
     if spec.generate is None or store.is_file(spec.labels):
         return
+    # rasterio (0.4 s): only when scenes are generated
     from raybench.data.synth_xview3 import generate
 
     root = store.parent(spec.scenes)

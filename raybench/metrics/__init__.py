@@ -131,7 +131,7 @@ def outcome(records: Records | None) -> TrialOutcome:
 
 
 def summarize(records: Records) -> dict[str, Any]:
-    """Metrics of one trial from every rank's record (see worker.measure_rank)."""
+    """Metrics of one trial from every rank's record (see rank/loop.py)."""
     records = sorted((RankRecord.of(r) for r in records), key=lambda r: r.rank)
     step_ms = np.concatenate([_step_ms(r) for r in records])
     wait_ms = np.concatenate([np.asarray(r.wait_s) * 1e3 for r in records])

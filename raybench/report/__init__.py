@@ -18,7 +18,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from raybench import columns, store
-from raybench.report import figures, page, reference
+from raybench.report import figures, judge, page, reference
 from raybench.report.assess import (
     HEADLINE,
     THROUGHPUT,
@@ -29,6 +29,7 @@ from raybench.report.assess import (
     with_scaling,
     with_validity,
 )
+from raybench.results import history as hist_store
 
 TABLE_COLUMNS = ["valid", "trial/category", "run_id", "stage", "trial_key", "status", "device",
                  THROUGHPUT,
@@ -189,6 +190,31 @@ def write_index(root: Path, out: Path | None = None) -> Path:
     m = {"title": f"raybench runs under {root}", "table_title": "Runs", "header": [
         f"{len(rows)} runs"], "columns": list(rows[0]) if rows else ["sweep"], "rows": rows}
     store.write_text(out, page.render(m, []))
+    return out
+
+
+def write_history(root: Path, out: Path, threshold_pct: float = judge.THRESHOLD_PCT) -> Path:
+    """A metric over time per configuration from a results root's history; every row judged
+    against its configuration's earlier runs on the same system (judge.judge_history), the
+    slower ones listed and marked."""
+    # the page's columns only: reading every column of a thousand runs is what takes time
+    hist = hist_store.read(root, columns_=hist_store.PAGE_COLUMNS)
+    units = hist_store.units(root)
+    judged = judge.judge_history(hist, threshold_pct)
+    flagged = judged[judged["verdict"] == "slower"] if not judged.empty else judged
+    cols = ["sweep", "trial_key", "system/accelerator", "run_id", "recorded_at", "code_version",
+            judge.THROUGHPUT, "ratio", "p", "threshold_pct", "threshold", "software_change"]
+    runs = hist["run_id"].nunique() if "run_id" in hist else 0
+    m = {"title": "raybench history", "table_title": "Slower than the earlier runs",
+         "header": [f"{root}: {len(hist)} rows, {runs} runs; each row's windows against its "
+                    f"configuration's last {judge.EARLIER_RUNS} runs on the same system: "
+                    f"exact Mann-Whitney p < {judge.ALPHA:g} and a drop beyond "
+                    f"{threshold_pct:g}% or the spread those runs showed"],
+         "columns": cols if not flagged.empty else ["sweep"],
+         "rows": flagged.reindex(columns=cols).to_dict("records") if not flagged.empty else [],
+         "units": units}
+    fig = figures.history(hist, flagged, unit=units.get(judge.THROUGHPUT, {}).get("unit"))
+    store.write_text(out, page.render(m, [("history", fig)] if fig else []))
     return out
 
 

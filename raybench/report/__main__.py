@@ -2,27 +2,27 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-from raybench.report import budget_of, write, write_index
+from raybench import console, store
+from raybench.report import budget_of, write, write_history, write_index
+from raybench.results import history
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m raybench.report",
-                                description="Self-contained HTML report of raybench runs")
-    p.add_argument("runs", nargs="*", help="run directories (several: compared side by side)")
-    p.add_argument("--index", metavar="RESULTS_ROOT", help="write RESULTS_ROOT/index.html")
-    p.add_argument("--history", metavar="RESULTS_ROOT",
-                   help="write a history page of the history under RESULTS_ROOT")
-    p.add_argument("--threshold-pct", type=float, default=3.0,
-                   help="the history page's smallest drop that counts (python -m "
-                   "raybench.compare's threshold)")
-    p.add_argument("-o", "--output", help="HTML file (default RUN_DIR/report.html for one run)")
-    p.add_argument("--memory-budget-mb", type=float, help="for the within-budget recommendation")
+def main(argv: list[str] | None = None, prog: str = "python -m raybench.report") -> int:
+    p = console.parser(prog, "Self-contained HTML report of raybench runs, or of a history.")
+    p.add_argument("runs", nargs="*", help="run directories (several: side by side)")
+    p.add_argument("--index", metavar="ROOT", help="write ROOT/index.html of a results root")
+    p.add_argument("--history", metavar="ROOT", help="write the history page of a results root")
+    p.add_argument("--threshold-pct", type=float, default=3.0, metavar="PCT",
+                   help="the history page's smallest drop that counts")
+    p.add_argument("-o", "--output", metavar="FILE",
+                   help="HTML file (default RUN_DIR/report.html for one run)")
+    p.add_argument("--memory-budget-mb", type=float, metavar="MB",
+                   help="for the within-budget recommendation")
     p.add_argument("--allow-quick", action="store_true",
-                   help="give quick rows (trial/category) a ratio against published figures")
+                   help="quick rows (trial/category) against published figures too")
     args = p.parse_args(argv)
     if args.index:
         if not Path(args.index).is_dir():
@@ -32,9 +32,6 @@ def main(argv: list[str] | None = None) -> int:
         print(write_index(Path(args.index), Path(args.output) if args.output else None))
         return 0
     if args.history:
-        from raybench import history
-        from raybench.compare import write_history
-
         root = Path(args.history)
         if root.name == history.LEGACY:  # the old single table: its results root
             root = root.parent
@@ -60,8 +57,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _unusable(run: Path) -> str | None:
     """Why a run directory cannot be reported, as a paragraph; None when it can."""
-    from raybench import store
-
     table = run / "results.parquet"
     if not table.is_file():
         return (f"{run} has no results.parquet. Fix: pass a run directory written by python -m "

@@ -3,7 +3,7 @@
 time goes (its timed phases stacked per configuration).
 
 Pure: results frames in, plotly figures out, None where the data has no size axis or no
-phases. The phases are whatever a workload timed with `ctx.phase` (`train/<phase>_mean_ms`).
+phases. The phases are whatever a workload timed with `self.clock.phase` (`train/<phase>_mean_ms`).
 """
 
 from __future__ import annotations

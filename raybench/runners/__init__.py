@@ -1,8 +1,8 @@
-"""Runners: what executes a sweep's trials. The sweep loop (sweep.py) is written once against
+"""Runners: what executes a sweep's trials. The sweep loop (sweep/loop.py) is written once against
 `Runner`; a runner only starts its machinery, says which trials it can never place, and runs
 trials, handing each outcome back as it ends.
 
-Three exist: `ray` (runners/on_ray.py: a Tune grid of Ray Train DDP runs on an embedded Ray or
+Three exist: `ray` (runners/on_ray/: a Tune grid of Ray Train DDP runs on an embedded Ray or
 a cluster, inference replicas as actors), `local` (runners/local.py: this process, ranks
 spawned over torch.distributed, no Ray needed) and `torchrun` (runners/torchrun.py: each
 trial's ranks started by PyTorch's own launcher, as hand-written torchrun scripts are).
@@ -24,7 +24,7 @@ from raybench.trials import TrialSpec
 
 Done = Callable[[TrialSpec, TrialOutcome], None]
 
-RUNNERS = {"ray": "raybench.runners.on_ray:RayRunner",
+RUNNERS = {"ray": "raybench.runners.on_ray.runner:RayRunner",
            "local": "raybench.runners.local:LocalRunner",
            "torchrun": "raybench.runners.torchrun:TorchrunRunner"}
 

@@ -24,30 +24,22 @@ import torch
 from raybench import fabric, metrics
 from raybench.context import WorkerContext, process_start
 from raybench.failures import failure
-from raybench.launched import run_rank
-from raybench.records import TrialOutcome, now
-from raybench.runners import Done, Runner
+from raybench.rank.launched import run_rank
+from raybench.rank.loop import run_worker
+from raybench.records import TrialOutcome
+from raybench.runners.serial import PR_SET_PDEATHSIG, SerialRunner, gpus_missing
+from raybench.scenarios.run import run_trial as run_scenario
 from raybench.trials import TrialSpec, artifact_dir, trace_path
-from raybench.worker import run_worker
 
 
-class LocalRunner(Runner):
+class LocalRunner(SerialRunner):
     name = "local"
 
     def system(self) -> tuple[dict[str, Any], dict[str, dict[str, Any]] | None]:
         return {"mode": "in-process, no Ray"}, None
 
-    def unplaceable(self, trials: list[TrialSpec]) -> dict[str, str]:
-        return {t.key: why for t in trials if (why := gpus_missing(t))}
-
-    def run(self, trials: list[TrialSpec], done: Done, name: str = "trials",
-            last: bool = False) -> None:
-        for trial in trials:
-            start, t0 = now(), time.time()
-            outcome = run_local(trial, str(self.out / "trials"))
-            outcome.start_time, outcome.end_time = start, now()
-            outcome.stamps = {"trial_start": t0, "fit_start": t0, "fit_end": time.time()}
-            done(trial, outcome)
+    def run_one(self, trial: TrialSpec) -> TrialOutcome:
+        return run_local(trial, str(self.out / "trials"))
 
 
 def run_local(trial: TrialSpec, trace_dir: str | None = None) -> TrialOutcome:
@@ -56,8 +48,6 @@ def run_local(trial: TrialSpec, trace_dir: str | None = None) -> TrialOutcome:
     if why:
         return TrialOutcome.failed("infeasible", why)
     if trial.inference is not None:
-        from raybench.scenarios.run import run_trial as run_scenario
-
         return run_scenario(trial, "local")
     hw = trial.hardware
     try:
@@ -70,14 +60,6 @@ def run_local(trial: TrialSpec, trace_dir: str | None = None) -> TrialOutcome:
         return metrics.outcome(_spawn(trial, trace_dir))
     except Exception as e:  # a failed trial is a row here too
         return failure(e, trial.resources())
-
-
-def gpus_missing(trial: TrialSpec) -> str | None:
-    """Why this machine can never run the trial (its ranks or replicas want more GPUs): for
-    every runner that starts ranks on this machine."""
-    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    need = trial.resources()["total"].get("GPU", 0)
-    return f"needs {need:g} GPUs but this machine has {have}" if need > have else None
 
 
 def _spawn(trial: TrialSpec, trace_dir: str | None) -> list[dict[str, Any]]:
@@ -124,9 +106,6 @@ def end_with(driver: int) -> None:
                          ).start()
     if os.getppid() != driver:  # the driver died before the signal was set
         os._exit(1)
-
-
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def _watch(driver: int) -> None:

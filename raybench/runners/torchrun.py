@@ -3,8 +3,9 @@
 `--runner torchrun` runs a trial as a user of hand-written torchrun scripts would: `python -m
 torch.distributed.run --standalone --nproc-per-node N` starts the ranks, each builds its
 context from the variables torchrun sets (`WorkerContext.from_env`) and runs the same rank
-entry as every runner's ranks (`rank.run_trials`, through `launched.run_rank`); rank 0 writes
-every rank's records for this process, which turns them into the trial's outcome. No Ray. A
+entry as every runner's ranks (`rank.entry.run_trials`, through `rank.launched.run_rank`);
+rank 0 writes every rank's records for this process, which turns them into the trial's
+outcome. No Ray. A
 rank that fails writes its failure first, so the row says why (out of memory, an error) rather
 than only that the launcher exited. Inference trials run their replicas in this process, as
 the local runner does.
@@ -27,39 +28,28 @@ from typing import Any
 
 from raybench import fabric, metrics
 from raybench.failures import failure
-from raybench.records import TrialOutcome, now
-from raybench.runners import Done, Runner
-from raybench.runners.local import PR_SET_PDEATHSIG, gpus_missing
+from raybench.records import TrialOutcome
+from raybench.runners.serial import PR_SET_PDEATHSIG, SerialRunner
+from raybench.scenarios.run import run_trial as run_scenario
 from raybench.trials import TrialSpec
 
 LAUNCHER = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1"]
 TAIL = 3000  # characters of the launcher's output an error row keeps
 
 
-class TorchrunRunner(Runner):
+class TorchrunRunner(SerialRunner):
     name = "torchrun"
 
     def system(self) -> tuple[dict[str, Any], dict[str, dict[str, Any]] | None]:
         return {"mode": "torchrun (torch.distributed.run), this machine, no Ray"}, None
 
-    def unplaceable(self, trials: list[TrialSpec]) -> dict[str, str]:
-        return {t.key: why for t in trials if (why := gpus_missing(t))}
-
-    def run(self, trials: list[TrialSpec], done: Done, name: str = "trials",
-            last: bool = False) -> None:
-        for trial in trials:
-            start, t0 = now(), time.time()
-            outcome = run_torchrun(trial, str(self.out / "trials"),
-                                   self.spec.execution.trial_timeout_s)
-            outcome.start_time, outcome.end_time = start, now()
-            outcome.stamps = {"trial_start": t0, "fit_start": t0, "fit_end": time.time()}
-            done(trial, outcome)
+    def run_one(self, trial: TrialSpec) -> TrialOutcome:
+        return run_torchrun(trial, str(self.out / "trials"), self.spec.execution.trial_timeout_s)
 
 
 def run_torchrun(trial: TrialSpec, trace_dir: str, timeout_s: float | None) -> TrialOutcome:
     """One trial's ranks under torchrun; its outcome, a failed one as a row's status."""
     if trial.inference is not None:  # replicas, not ranks: in this process
-        from raybench.scenarios.run import run_trial as run_scenario
 
         return run_scenario(trial, "local")
     hw = trial.hardware
@@ -103,8 +93,9 @@ def _end_with_this_process() -> None:
 def _rank(work: Path, trace_dir: str) -> None:
     """One rank, as torchrun started it; a failure is written down for the driver first."""
     entry = time.time()
+    # after the entry stamp: a rank's imports are part of its measured start
     from raybench.context import process_start
-    from raybench.launched import run_rank
+    from raybench.rank.launched import run_rank
 
     trial: TrialSpec = pickle.loads((work / "trial.pkl").read_bytes())
     try:

@@ -24,11 +24,10 @@ import numpy as np
 import torch
 
 from raybench import flops, workloads
-from raybench.context import WorkerContext
+from raybench.context import WorkerContext, check_env
 from raybench.memory import peak_rss_mb, steady_heap
 from raybench.sections import revalidated
 from raybench.trials import TrialSpec
-from raybench.worker import check_env
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """One inference trial, on Ray (replica actors, Ray Data) or in this process (threads).
 
 Owns starting the replicas and handing them to the scenario, the row metrics of the Server
-scenario, and turning any failure into a row. sweep.py calls `run_trial(..., runner="ray")`
-from the driver, bench.py `runner="local"`.
+scenario, and turning any failure into a row. the Ray runner calls `run_trial(...,
+runner="ray")` from the driver, the local and torchrun runners `runner="local"`.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ subclasses the ones it meets.
 Whatever a workload knows beyond its steps it declares here through hooks on its own class
 (its extra row metrics, accuracy metric, the preprocess output it reads, its checkpoints), so
 no core module names a workload or one of its fields. Does not own timing, DDP set-up or Ray: a
-workload sees only a `WorkerContext` and imports torch, never ray.
+workload sees only a `WorkerContext` and the loop's `StepClock`, and imports torch, never ray.
 """
 
 from __future__ import annotations
@@ -24,15 +24,17 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 from pydantic import BaseModel, Field
 
+from raybench import flops
 from raybench.columns import Metric, declare
 from raybench.sections import STRICT
 
 if TYPE_CHECKING:
     import torch
 
+    from raybench.clock import StepClock
     from raybench.context import WorkerContext
     from raybench.records import RankRecord
-    from raybench.sections import HardwareSpec, MeasureSpec
+    from raybench.sections import HardwareSpec
 
 
 @dataclass(frozen=True, eq=False)
@@ -47,12 +49,6 @@ class Reference:
     batch: int | None  # per GPU, where the source gives one
     samples_per_s: float  # per GPU
     source: str
-
-
-class NoBareTwin(ValueError):
-    """A trial `bench overhead` cannot set a plain PyTorch loop beside: its workload has no
-    twin (`Workload.bare_loop`), or the twin does not mirror one of its settings. Input to fix
-    (exit 2), raised before anything starts."""
 
 
 class WorkloadParams(BaseModel):
@@ -94,7 +90,7 @@ class Workload(ABC):
     # matmul probe's dense peak at the trial's precision): `python -m raybench.validate` holds
     # the headline against it. None: no datasheet figure.
     datasheet_metric: ClassVar[str | None] = None
-    # Its rows measure the machine's compute peak (the matmul probe): raybench.peaks states
+    # Its rows measure the machine's compute peak (the matmul probe): raybench.results.peaks states
     # later rows' MFU against the latest such measurement of the same system.
     measures_peak: ClassVar[bool] = False
     # Its own size axis, a config column the report draws throughput and memory against, a
@@ -106,9 +102,19 @@ class Workload(ABC):
     # each with its unit; registered with the core's when the workload registers.
     columns: ClassVar[tuple[Metric, ...]] = ()
 
-    def __init__(self, params: WorkloadParams, ctx: WorkerContext):
+    def __init__(self, params: WorkloadParams, ctx: WorkerContext,
+                 clock: StepClock | None = None):
+        """`clock`: the timed loop's (rank/loop.py), through which a step times its parts
+        (`self.clock.phase(name)`) and DDP marks the rank's own compute
+        (`ctx.prepare_model(model, self.clock)`); a workload built outside the loop (a
+        replica, a check) gets one of its own that nobody reads."""
+        if clock is None:
+            from raybench.clock import StepClock  # torch: this package imports without it
+
+            clock = StepClock(ctx.device)
         self.params = params
         self.ctx = ctx
+        self.clock = clock
 
     @abstractmethod
     def setup(self) -> None:
@@ -142,15 +148,6 @@ class Workload(ABC):
         return True
 
     @classmethod
-    def bare_loop(cls, params: WorkloadParams, hardware: HardwareSpec,
-                  measure: MeasureSpec) -> float | None:
-        """Samples/s of the same training as a plain single-process PyTorch loop, as a user
-        would write it without raybench (`bench overhead` sets raybench's trial beside it);
-        None: this workload has no such twin. Raises NoBareTwin for a setting it does not
-        mirror (never runs without it: the ratio would then weigh the setting, not raybench)."""
-        return None
-
-    @classmethod
     def forward_only(cls, params: WorkloadParams) -> bool:
         """Whether a step of these params is one forward and nothing else (`bench
         forward-check` compares its time with torch.utils.benchmark's)."""
@@ -173,8 +170,7 @@ class Workload(ABC):
         (`flops.counted`)."""
         import torch  # the package stays importable without torch (spec, --dry-run)
 
-        from raybench import flops
-        from raybench.workloads import _memory
+        from raybench.workloads import _memory  # torch, as above
 
         shape = self.describe().get("input_shape")
         if not shape:

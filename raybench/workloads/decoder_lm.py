@@ -4,7 +4,7 @@ Owns a GPT-style transformer (pre-norm blocks, learned positions, tied embedding
 weights; size set by layers / width / heads / vocabulary) and greedy generation with a
 key-value cache: a prefill pass over the prompt gives the first token, then one decode pass per
 further token. In the timed loop a step is one generation of a resident batch, with prefill and
-decode timed apart (`ctx.phase`); served (scenarios/), a query is a generation, reporting its
+decode timed apart (`clock.phase`); served (scenarios/), a query is a generation, reporting its
 first-token time so the Server scenario can give time to first token and per-token latency.
 """
 
@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from pydantic import Field, model_validator
 from torch import nn
 
+from raybench import flops
 from raybench.workloads import Servable, WorkloadParams, register
 
 
@@ -119,7 +120,7 @@ class DecoderLm(Servable):
         self._model = DecoderLM(p).eval()
         self._dtype = ctx.inference_dtype or torch.float32
         self._model.to(self._dtype)
-        self.net = ctx.prepare_model(self._model)
+        self.net = ctx.prepare_model(self._model, self.clock)
 
     def setup(self) -> None:
         self._build()
@@ -136,10 +137,10 @@ class DecoderLm(Servable):
         start = time.perf_counter()
         caches = self._model.new_caches(prompts.shape[0], ctx.device, self._dtype)
         out = torch.empty(prompts.shape[0], p.gen_tokens, dtype=torch.long, device=ctx.device)
-        with ctx.phase("prefill"):
+        with self.clock.phase("prefill"):
             out[:, 0] = self.net(prompts, caches, 0).argmax(-1)
         first = time.perf_counter() - start
-        with ctx.phase("decode"):
+        with self.clock.phase("decode"):
             for i in range(1, p.gen_tokens):
                 out[:, i] = self.net(out[:, i - 1:i], caches, p.prompt_tokens + i - 1).argmax(-1)
         return out, first
@@ -178,8 +179,6 @@ class DecoderLm(Servable):
         """Prefill and every decode step of one prompt, counted on a real generation (the
         cache grows token by token, which the meta-device count cannot follow). The worker
         has taken the measured phase times before it counts."""
-        from raybench import flops
-
         return flops.counted(lambda: self.generate(self._prompts[:1]), 1)
 
     def describe(self) -> dict[str, Any]:

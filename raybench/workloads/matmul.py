@@ -18,6 +18,7 @@ import torch
 from pydantic import Field
 
 from raybench.columns import Metric
+from raybench.flops import peak_tflops
 from raybench.records import RankRecord
 from raybench.workloads import Probe, WorkloadParams, register
 
@@ -80,8 +81,6 @@ class Matmul(Probe):
     @classmethod
     def row_metrics(cls, records: list[RankRecord], row: dict[str, Any]) -> dict[str, Any]:
         """Per rank, over the median step (the mean rate is perf/achieved_tflops)."""
-        from raybench.flops import peak_tflops
-
         first = records[0]
         n = first.describe["matmul_n"]
         step_s = cls.median_step_s(records)

@@ -8,7 +8,6 @@ ceiling, no input pipeline) and `imagefolder` (real JPEGs with the usual trainin
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
@@ -18,9 +17,8 @@ import torch
 from pydantic import Field, model_validator
 from torch.utils.data import Dataset
 
-from raybench.memory import steady_heap
-from raybench.sections import HardwareSpec, MeasureSpec
-from raybench.workloads import NoBareTwin, Reference, Servable, WorkloadParams, _memory, register
+from raybench.sections import HardwareSpec
+from raybench.workloads import Reference, Servable, WorkloadParams, _memory, register
 from raybench.workloads._graphs import GraphedForward
 
 # torchvision is imported where a model or a dataset is built, not here: the sweep's driver
@@ -136,7 +134,7 @@ class Resnet(Servable):
         self._model = self.build()
         if p.activation_checkpointing:
             _memory.wrap_blocks(self._model, self.blocks())
-        self.net = ctx.prepare_model(self._model)
+        self.net = ctx.prepare_model(self._model, self.clock)
         self.opt = torch.optim.SGD(self.net.parameters(), lr=p.lr, momentum=0.9, weight_decay=1e-4)
         self.scaler = ctx.grad_scaler()
         self.loss_fn = torch.nn.CrossEntropyLoss()
@@ -154,87 +152,6 @@ class Resnet(Servable):
 
         return getattr(torchvision.models, f"resnet{self.params.depth}")(
             num_classes=self.params.num_classes)
-
-    @classmethod
-    def bare_loop(cls, p: WorkloadParams, hw: HardwareSpec, m: MeasureSpec) -> float | None:
-        """Samples/s of the same training as a plain single-process loop (torchvision model,
-        optimizer, DataLoader or one resident batch; timed with perf_counter around the whole
-        window, no per-step sync), as a user would write it without raybench: the trial's
-        precision (autocast, fp16's loss scaling), memory format, compile and input mode in
-        plain PyTorch. Settings a plain loop would not have (raybench's activation
-        checkpointing, accumulation, real image folders) are refused, not ignored: on an H100
-        the twin would otherwise have run fp32 NCHW from host memory beside a bf16
-        channels-last trial on a resident batch, and the ratio said nothing of the harness."""
-        import torchvision
-
-        from raybench.context import WorkerContext
-
-        if not isinstance(p, ResnetParams):  # a family member (EfficientNet) has no twin
-            return super().bare_loop(p, hw, m)
-        beyond = [what for what, on in (
-            ("workload.activation_checkpointing", p.activation_checkpointing),
-            ("hardware.grad_accum_steps > 1", hw.grad_accum_steps > 1),
-            ("workload.data: imagefolder", p.data == "imagefolder")) if on]
-        if beyond:
-            raise NoBareTwin(f"the bare loop does not mirror {', '.join(beyond)}: run bench "
-                             "overhead on the trial without it (--set), as a plain loop "
-                             "with it would be raybench's code again")
-        device = torch.device("cuda", 0) if hw.use_gpu else torch.device("cpu")
-        # the heap every rank has (worker.py): else the comparison would also weigh glibc's
-        # history-dependent page faults (22-34 thousand/s in this loop by default), not the harness
-        steady_heap()
-        if not hw.use_gpu:
-            torch.set_num_threads(max(1, int(hw.cpus_per_worker)))  # as Ray gives a CPU worker
-        # the process-wide TF32 and cuDNN flags as the trial sets them (their spelling differs
-        # by torch release; PyTorch's defaults would run an fp32 twin's convolutions in TF32),
-        # and its precision as torch's own autocast and GradScaler (None unless fp16)
-        ctx = WorkerContext.single(hw, device)
-        ctx.set_math_mode()
-        fmt = torch.channels_last if hw.channels_last else torch.contiguous_format
-        torch.manual_seed(p.seed)
-        model = getattr(torchvision.models, f"resnet{p.depth}")(num_classes=p.num_classes)
-        model = model.to(device, memory_format=fmt)
-        net = torch.compile(model) if hw.compile else model
-        opt = torch.optim.SGD(model.parameters(), lr=p.lr, momentum=0.9, weight_decay=1e-4)
-        scaler = ctx.grad_scaler()
-        loss_fn = torch.nn.CrossEntropyLoss()
-        if p.data == "synthetic_device":
-            images, labels = resident_batch(p)
-            resident = (images.to(device).contiguous(memory_format=fmt), labels.to(device))
-            batches: Iterator[Any] = iter(lambda: resident, None)
-        else:
-            data = SyntheticImages(p.synthetic_samples, p.image_size, p.num_classes, p.seed)
-            w = hw.dataloader_workers
-            batches = iter(torch.utils.data.DataLoader(
-                data, batch_size=p.batch_size, shuffle=True, num_workers=w, drop_last=True,
-                pin_memory=hw.use_gpu, persistent_workers=w > 0,
-                prefetch_factor=4 if w > 0 else None))
-
-        def step() -> None:
-            images, labels = next(batches)
-            images = images.to(device, non_blocking=True).contiguous(memory_format=fmt)
-            labels = labels.to(device, non_blocking=True)
-            opt.zero_grad(set_to_none=True)
-            with ctx.autocast():
-                loss = loss_fn(net(images), labels)
-            if scaler is None:
-                loss.backward()
-                opt.step()
-            else:
-                scaler.scale(loss).backward()
-                scaler.step(opt)
-                scaler.update()
-
-        for _ in range(m.warmup_steps):
-            step()
-        if hw.use_gpu:
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(m.measure_steps):
-            step()
-        if hw.use_gpu:
-            torch.cuda.synchronize()
-        return m.measure_steps * p.batch_size / (time.perf_counter() - start)
 
     def blocks(self) -> tuple[type[torch.nn.Module], ...]:
         """What activation checkpointing wraps."""

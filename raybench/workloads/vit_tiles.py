@@ -4,7 +4,7 @@ Owns the model (a ViT encoder over multispectral tiles, patch 16, sizes tiny / b
 huge after ViT-Ti/B/L/H, with a light transposed-convolution decoder back to per-pixel output;
 random weights), its two modes (`inference`: forward under no_grad, model and input cast to the
 precision's dtype, optionally replayed as a CUDA graph; `train`: forward under autocast,
-backward, AdamW step) with forward / backward / optimizer times recorded through `ctx.phase`,
+backward, AdamW step) with forward / backward / optimizer times recorded through `clock.phase`,
 and the pixel count the metrics turn into pixels/s. Inputs are one random batch resident on the
 device: the question here is compute and memory, not the input pipeline.
 """
@@ -123,7 +123,7 @@ class VitTiles(Servable):
         dtype = None if training else ctx.inference_dtype  # training: autocast, fp32 weights
         if dtype is not None:
             self._model.to(dtype)
-        self.net = ctx.prepare_model(self._model)
+        self.net = ctx.prepare_model(self._model, self.clock)
         g = torch.Generator().manual_seed(p.seed)
         x = torch.randn(p.batch_size, p.bands, p.tile, p.tile, generator=g)
         if dtype is not None:
@@ -163,19 +163,19 @@ class VitTiles(Servable):
         images, labels = batch
         ctx = self.ctx
         if self.params.mode == "inference":
-            with ctx.phase("forward"):
+            with self.clock.phase("forward"):
                 self.infer(images)
             return None
         self.opt.zero_grad(set_to_none=True)
         k = ctx.hardware.grad_accum_steps  # micro-batches: the resident batch k times
         total = None  # one micro-batch (the usual case) adds no device work for the sum
         for x, y in ctx.micro_batches(self.net, [(images, labels)] * k):
-            with ctx.phase("forward"), ctx.autocast():
+            with self.clock.phase("forward"), ctx.autocast():
                 loss = self.loss_fn(self.net(x), y) / k
-            with ctx.phase("backward"):
+            with self.clock.phase("backward"):
                 (self.scaler.scale(loss) if self.scaler else loss).backward()
             total = loss.detach() if total is None else total + loss.detach()
-        with ctx.phase("optimizer"):
+        with self.clock.phase("optimizer"):
             if self.scaler:
                 self.scaler.step(self.opt)
                 self.scaler.update()

@@ -34,11 +34,11 @@ import torch
 from pydantic import Field, model_validator
 from torch import nn
 
-from raybench import store
+from raybench import flops, store
 from raybench.columns import Metric
 from raybench.data import xview3 as x3
 from raybench.data.chipset import ChipSet, chip_params_of, collate
-from raybench.data.stage import GenerateSpec
+from raybench.data.stage import GenerateSpec, PreprocessSpec, prepare_local, variant_key
 from raybench.records import RankRecord
 from raybench.workloads import EpochParams, EpochWorkload, Servable, WorkloadParams, register
 
@@ -196,8 +196,6 @@ def _objectness_heads() -> type:
 def chip_spec(p: FrcnnParams, split: Literal["train", "validation"]):
     """The chips of a split: training chips around labels (plus background), or every
     validation chip with overlap, which evaluation and serving run the model on."""
-    from raybench.data.stage import PreprocessSpec
-
     common = dict(out=p.chips_cache, chip_size=p.chip_size, channels=p.channels,
                   normalize="standard", seed=p.seed, generate=p.generate)
     if split == "train":
@@ -215,8 +213,6 @@ def serving_chips(p: FrcnnParams) -> ChipSet:
     """The validation chips, cut on first use on this node. Under a file lock: several
     processes of a node (a trial's input-making tasks, its replicas) may start cutting at once,
     and two cutters would rewrite the same index."""
-    from raybench.data.stage import prepare_local, variant_key
-
     spec = chip_spec(p, "validation")
     key = spec.model_dump_json()
     with _serving_lock:
@@ -298,7 +294,7 @@ class Xview3Frcnn(EpochWorkload, Servable):
         self.shorelines = self._shorelines()
         torch.manual_seed(p.seed)
         self._model = build_model(p, len(p.channels))
-        self.net = ctx.prepare_model(self._model)
+        self.net = ctx.prepare_model(self._model, self.clock)
         params = [q for q in self.net.parameters() if q.requires_grad]
         self.opt = torch.optim.SGD(params, lr=p.lr, momentum=p.momentum,
                                    weight_decay=p.weight_decay)
@@ -314,8 +310,6 @@ class Xview3Frcnn(EpochWorkload, Servable):
     def _prepare_chips(self) -> tuple[str, str]:
         """Training chips (given, or cut here) and every validation chip; one rank per node
         cuts them, the others wait, and later trials find them cached."""
-        from raybench.data.stage import prepare_local
-
         p, ctx = self.params, self.ctx
         cut = ctx.local_rank == 0
         train_dir = p.chips or prepare_local(chip_spec(p, "train"), chip=cut)
@@ -326,6 +320,7 @@ class Xview3Frcnn(EpochWorkload, Servable):
     def _shorelines(self) -> dict[str, list[np.ndarray]] | None:
         if not self.params.shoreline:
             return None
+        # rasterio (0.57 s): not at the driver's import of this module
         from raybench.metrics.xview3 import load_shorelines
 
         scenes = list(dict.fromkeys(self.val_labels["scene_id"]))
@@ -420,6 +415,7 @@ class Xview3Frcnn(EpochWorkload, Servable):
     def _scores(self, chips: list[tuple[dict[str, np.ndarray], dict, dict]]
                 ) -> tuple[dict[str, Any], pd.DataFrame]:
         """xView3 scores of the scenes and mAP@0.5 of the chips, from every chip's detections."""
+        # rasterio (0.57 s): not at the driver's import of this module
         from raybench.data.detections import chip_rows, to_predictions
         from raybench.metrics.detection import ImageDetections, map50
         from raybench.metrics.xview3 import score
@@ -483,8 +479,6 @@ class Xview3Frcnn(EpochWorkload, Servable):
         A copy of the model does the step, leaving the measured model's BatchNorm statistics
         and gradients as they were."""
         import copy
-
-        from raybench import flops
 
         images, targets, _ = next(iter(self.loader))
         images, targets = self.to_device((images, targets))

@@ -19,12 +19,12 @@ from raybench.data.chipread import (
     ChipParams,
     ChipReadError,
     Scene,
-    _interp_rows,
     _open,
     _standardize,
     normalize,
     read_strip,
 )
+from raybench.data.resample import interp_rows
 from raybench.data.synth_xview3 import generate
 
 pytestmark = pytest.mark.ray
@@ -198,7 +198,7 @@ def test_row_interpolation_by_segments_matches_gathering_both_neighbours():
         i0 = np.floor(pos).astype(int)
         i1, wt = np.minimum(i0 + 1, 5), (pos - i0)[:, None]
         gathered = coarse[i0] * (1 - wt) + coarse[i1] * wt  # both neighbours of every row
-        np.testing.assert_allclose(_interp_rows(coarse, pos), gathered, rtol=0, atol=1e-5)
+        np.testing.assert_allclose(interp_rows(coarse, pos), gathered, rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("compress", [None, "deflate"])

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from raybench import artifacts, store
+from raybench import store
 from raybench.data import xview3 as x3
 from raybench.data.chip import chip_scenes
 from raybench.data.chipread import ChipParams
@@ -18,6 +18,7 @@ from raybench.data.chipset import ChipSet, chip_params_of
 from raybench.data.labels import read_labels
 from raybench.data.synth_xview3 import generate
 from raybench.grid import expand
+from raybench.runners.on_ray import artifacts
 from raybench.spec import load_sweep
 from tests.conftest import TINY_SWEEP
 
@@ -126,7 +127,7 @@ def test_a_checkpoint_on_rank_0s_disk_is_named_by_its_copy(tmp_path):
     """No output.storage on nodes without a shared disk: Ray Train's path is on rank 0's node;
     the row names the copy that came with the trial's files (a URI stays as it is)."""
     from raybench.records import TrialOutcome
-    from raybench.runners.on_ray import _point_at_copy
+    from raybench.runners.on_ray.runner import _point_at_copy
 
     files = [("0000_k/checkpoint/model.pt", b"w"), ("0000_k/predictions.csv", b"p")]
     out = TrialOutcome(status="ok", metrics={"train/checkpoint": "/node/ray/ckpt_0"})
@@ -141,7 +142,7 @@ def test_a_checkpoint_in_a_bucket_is_named_by_its_uri(tmp_path):
     import pyarrow.fs as pafs
     from ray.train import Checkpoint
 
-    from raybench.trial import checkpoint_uri
+    from raybench.runners.on_ray.train import checkpoint_uri
 
     local = Checkpoint(str(tmp_path))
     assert checkpoint_uri(local) == str(tmp_path)

@@ -13,9 +13,9 @@ import ray
 from ray.cluster_utils import Cluster
 from ray.util.placement_group import placement_group, remove_placement_group
 
-from raybench import cluster
 from raybench.grid import expand
-from raybench.plan import placement
+from raybench.runners.on_ray import cluster
+from raybench.runners.on_ray.plan import placement
 from raybench.spec import load_sweep
 from tests.conftest import ROOT
 
@@ -78,8 +78,10 @@ def test_every_sweep_file_is_planned():
 
 def test_blocked_worker_group_gives_up_quickly(tmp_path, write_sweep):
     """Resources exist but are held: Ray Train's start deadline must end the trial, once."""
+    from raybench.runners.on_ray.mailbox import Mailbox, TrialRef
+    from raybench.runners.on_ray.train import RunSettings
+    from raybench.runners.on_ray.trial import _Group
     from raybench.spec import ExecutionSpec
-    from raybench.trial import Mailbox, RunSettings, TrialRef, _Group
 
     (trial,) = expand(load_sweep(write_sweep(), ["grid={}"]))
     ray.init(address="local", num_cpus=2)  # its own, whatever `ray start` ran here
@@ -90,7 +92,7 @@ def test_blocked_worker_group_gives_up_quickly(tmp_path, write_sweep):
         ray.get(hog.ready(), timeout=30)
         t0 = time.monotonic()
         # Ray Train's placement deadline counts from its controller's start, raybench's own
-        # (twice it, trial.start_deadline) from the fit's: with 5 s, a controller that took
+        # (twice it, mailbox.start_deadline) from the fit's: with 5 s, a controller that took
         # over 5 s to start on a loaded 2-core VM made the row raybench's "workers did not
         # start within 10 s" instead of Ray Train's "could not be placed" (make test,
         # 2026-11-27, a parallel part of 804 s against 638-653 s)

@@ -9,7 +9,7 @@ import sys
 import pandas as pd
 import pytest
 
-from raybench import history
+from raybench.results import history
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.ray

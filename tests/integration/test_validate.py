@@ -84,8 +84,8 @@ def test_the_validations_history_gives_this_systems_measured_peak(validated):
     matmul rows of this validation, by the system's fingerprint; RowWriter then states each
     row's MFU against it (tests/test_verdict.py). Read here rather than by a second sweep on
     the cluster (20 s of CI)."""
-    from raybench import peaks
-    from raybench.history import History
+    from raybench.results import peaks
+    from raybench.results.history import History
 
     out, proc = validated
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -39,7 +39,7 @@ def run_cli(tmp_path: Path, text: str | None, *args: str,
     if process:
         return subprocess.run([sys.executable, "-m", "raybench.sweep", *argv], cwd=ROOT,
                               capture_output=True, text=True, timeout=300)
-    from raybench import sweep
+    from raybench.sweep import command as sweep
 
     out, err, cwd = io.StringIO(), io.StringIO(), os.getcwd()
     try:
@@ -128,7 +128,7 @@ def test_a_workload_error_ends_the_ray_started_beside_its_check(tmp_path, monkey
     machine (ray.init without an address joined that cluster, and with num_cpus raised)."""
     import ray
 
-    from raybench import cluster
+    from raybench.runners.on_ray import cluster
 
     connect, calls = cluster.connect, []
     monkeypatch.setattr(cluster, "connect", lambda address: calls.append(address) or
@@ -149,7 +149,7 @@ def test_a_workload_error_ends_the_ray_started_beside_its_check(tmp_path, monkey
 
 
 def test_a_file_error_starts_no_ray(tmp_path, monkeypatch):
-    from raybench import cluster
+    from raybench.runners.on_ray import cluster
 
     def connect(address):
         raise AssertionError("Ray started for a sweep file with a typo")
@@ -287,9 +287,9 @@ def test_a_full_disk_stops_with_exit_2_and_whole_files_and_resume_finishes(tmp_p
     `--resume` once there is space runs the second trial and nothing twice."""
     import errno
 
-    from raybench import history, results
+    from raybench.results import history, table
 
-    real, calls = results.write_parquet, []
+    real, calls = table.write_parquet, []
 
     def fills(frame, path):
         calls.append(path)
@@ -297,14 +297,14 @@ def test_a_full_disk_stops_with_exit_2_and_whole_files_and_resume_finishes(tmp_p
             raise OSError(errno.ENOSPC, "No space left on device")
         real(frame, path)
 
-    monkeypatch.setattr(results, "write_parquet", fills)
+    monkeypatch.setattr(table, "write_parquet", fills)
     proc = run_cli(tmp_path, SWEEP)
     assert proc.returncode == 2, proc.stderr[-2000:]
     run = next((tmp_path / "results" / "tiny").iterdir())
     assert f"no space left at {run}" in proc.stderr and "--resume" in proc.stderr
     assert len(pd.read_parquet(run / "results.parquet")) == 1
     assert not [p for p in run.rglob(".*") if p.is_file() and p.name != ".lock"]
-    monkeypatch.setattr(results, "write_parquet", real)
+    monkeypatch.setattr(table, "write_parquet", real)
     proc = run_cli(tmp_path, None, "--resume", "--output", str(run))
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = pd.read_parquet(run / "results.parquet")
@@ -319,7 +319,7 @@ def test_a_run_still_being_written_is_refused_until_its_sweep_ends(tmp_path):
 
     import yaml
 
-    from raybench import rundir
+    from raybench.results import rundir
     from raybench.spec import load_sweep
 
     run = tmp_path / "run"
@@ -329,7 +329,7 @@ def test_a_run_still_being_written_is_refused_until_its_sweep_ends(tmp_path):
     (run / "sweep.yaml").write_text(yaml.safe_dump(load_sweep(path).to_yaml_dict()))
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time\nfrom pathlib import Path\n"
-         "from raybench.rundir import writing\nwith writing(Path(sys.argv[1]), 'x'):\n"
+         "from raybench.results.rundir import writing\nwith writing(Path(sys.argv[1]), 'x'):\n"
          "    print('held', flush=True)\n    time.sleep(600)\n", str(run)],
         cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
@@ -352,7 +352,7 @@ def test_a_run_still_being_written_is_refused_until_its_sweep_ends(tmp_path):
 ])
 def test_bench_overhead_refuses_a_trial_its_bare_loop_cannot_mirror(tmp_path, setting, named):
     # before Ray or any loop starts: a twin that ignored the setting would time another training
-    from raybench import bench
+    from raybench.bench import command as bench
 
     path = tmp_path / "sweep.yaml"
     path.write_text(textwrap.dedent(TINY_SWEEP))

@@ -16,8 +16,8 @@ import pandas as pd
 import psutil
 import pytest
 
-from raybench import history as history_store
 from raybench.grid import expand
+from raybench.results import history as history_store
 from raybench.spec import load_sweep
 from tests.conftest import ROOT
 from tests.integration.ray_nodes import session_processes

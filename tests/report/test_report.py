@@ -203,7 +203,7 @@ def history_frame(values, n=6, cv_pct=0.5, seed=0):
 
 
 def test_history_rows_judged_against_their_earlier_runs():
-    from raybench.compare import judge_history
+    from raybench.report.judge import judge_history
 
     judged = judge_history(history_frame([100.0, 101.0, 99.0, 90.0]))
     assert list(judged["run_id"]) == ["w1", "w2", "w3"]  # the first has nothing before it
@@ -226,7 +226,7 @@ def test_history_compares_a_machine_only_with_itself_and_names_the_upgrade():
     """An H100 history at 3,000 samples/s and an A100 row at 1,500 of the same configuration:
     neither judged against the other; a real drop on the H100 after a torch upgrade: slower
     against the H100's own runs, the upgrade named."""
-    from raybench.compare import judge_history
+    from raybench.report.judge import judge_history
 
     def on(gpu, values, torch_versions, seed):
         frame = history_frame(values, seed=seed)
@@ -248,7 +248,7 @@ def test_history_compares_a_machine_only_with_itself_and_names_the_upgrade():
 
 
 def test_fingerprint_of_a_cluster_and_of_one_machine():
-    from raybench import fingerprint
+    from raybench.results import fingerprint
 
     def node(gpus, torch_version="2.15.0", driver="560.35"):
         return {"cpu": {"model": "Xeon 8480"}, "cuda": {"torch_cuda": "12.8", "nccl": "2.27.3"},
@@ -282,8 +282,7 @@ def test_comparison_normalises_per_rank():
 
 
 def test_index_and_history_pages(tmp_path):
-    from raybench.compare import write_history
-    from raybench.report import write, write_index
+    from raybench.report import write, write_history, write_index
 
     for name in ("a", "b"):
         run = tmp_path / "sweep" / name

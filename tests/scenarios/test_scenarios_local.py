@@ -10,7 +10,8 @@ import pytest
 import torch
 import torchvision
 
-from raybench import bench, flops
+from raybench import flops
+from raybench.bench import command as bench
 from raybench.grid import expand
 from raybench.report.assess import validity
 from raybench.scenarios import server

@@ -1,0 +1,147 @@
+"""`python -m raybench.bench`: measurements of raybench itself, and the in-process alias.
+
+`overhead` compares a raybench trial with its workload's bare PyTorch twin and with torchrun
+(overhead.py, twins.py); `forward-check` times a forward-only trial against
+torch.utils.benchmark (forward.py); `chips` compares Ray Data chipping with the reference's
+serial whole-band chipping (chips.py); `history` times the history's appends and reads
+(history.py).
+`run SWEEP.yaml` is `python -m raybench.sweep SWEEP.yaml --runner local`, kept as a short name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from raybench import cli, console, workloads
+
+
+def _parser(prog: str) -> argparse.ArgumentParser:
+    p = console.parser(prog, "Benchmarks of raybench itself, and the in-process sweep.")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, description=help, formatter_class=console.formatter)
+
+    def sweep_file(parser: argparse.ArgumentParser, default: str | None = None) -> None:
+        parser.add_argument("sweep", nargs="?" if default else None, default=default,
+                            help="sweep YAML file" + (f" (default {default})" if default else ""))
+        parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                            help="override a dotted key (YAML), as for the sweep")
+
+    run = command("run", "the sweep in this process: sweep --runner local")
+    sweep_file(run)
+    run.add_argument("--trials", metavar="I,J", help="trial indices to run (default: all)")
+    run.add_argument("--output", metavar="DIR", help="run directory (default as for the sweep)")
+    run.add_argument("--jsonl", action="store_true", help="a JSON line per finished trial")
+    run.add_argument("--resume", action="store_true", help="finish an interrupted run")
+    over = command("overhead", "a raybench trial against its bare twin and torchrun")
+    sweep_file(over, "sweeps/overhead_cpu.yaml")
+    over.add_argument("--rounds", type=int, default=3, metavar="N",
+                      help="alternating rounds of each side (default 3)")
+    over.add_argument("--trials-per-round", type=int, default=1, metavar="N",
+                      help="trial copies a round (a worker group's with isolation=worker)")
+    fwd = command("forward-check", "a forward-only trial against torch.utils.benchmark")
+    sweep_file(fwd)
+    fwd.add_argument("--trials", metavar="I,J", help="trial indices (default: every forward-only)")
+    chips = command("chips", "Ray Data chipping against the reference's serial chipping")
+    chips.add_argument("--data", default="results/chipbench_data", metavar="DIR",
+                       help="scene root (generated there without labels)")
+    chips.add_argument("--scenes", type=int, default=3, metavar="N",
+                       help="scenes generated (default 3)")
+    chips.add_argument("--size", default="8000x8000", metavar="ROWSxCOLS",
+                       help="generated scenes' size (default 8000x8000)")
+    chips.add_argument("--chip-size", type=int, default=800, metavar="PX",
+                       help="chip side in pixels (default 800)")
+    chips.add_argument("--cpus", type=int, metavar="N", help="Ray CPUs (default: all cores)")
+    chips.add_argument("--seed", type=int, default=0, help="seed of the generated scenes")
+    chips.add_argument("--settle", type=float, default=5.0, metavar="S",
+                       help="seconds each side waits before its clock (default 5)")
+    hist = command("history", "the history's append and read costs")
+    hist.add_argument("--row", metavar="PARQUET",
+                      help="template row's table (default: the newest in results/)")
+    hist.add_argument("--rows", type=int, default=100_000, metavar="N",
+                      help="earlier rows (default 100000)")
+    hist.add_argument("--runs", type=int, default=1_000, metavar="N",
+                      help="earlier runs holding them (default 1000)")
+    return p
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m raybench.bench") -> int:
+    p = _parser(prog)
+    args = p.parse_args(argv)
+    if args.cmd == "run":
+        # the sweep command's imports: only for `bench run`
+        from raybench.sweep import command as sweep
+
+        sets = [arg for x in args.set for arg in ("--set", x)]
+        return sweep.main([args.sweep, "--runner", "local", *sets,
+                           *(["--trials", args.trials] if args.trials else []),
+                           *(["--output", args.output] if args.output else []),
+                           *(["--resume"] if args.resume else []),
+                           *(["--jsonl"] if args.jsonl else [])])
+    cli.setup_logging()
+    with console.held():
+        return _command(args)
+
+
+def _command(args: argparse.Namespace) -> int:
+    if args.cmd == "history":
+        return _history(args)
+    if args.cmd == "chips":
+        from raybench.bench.chips import compare  # rasterio (0.4 s): only for `bench chips`
+
+        result = compare(Path(args.data), args.scenes, args.size, args.chip_size, args.cpus,
+                         args.seed, args.settle)
+        console.emit({"raybench_chips_bench": result})
+        return 0
+    loaded = cli.load(args.sweep, args.set)
+    if loaded is None:
+        return cli.EXIT_INVALID
+    spec, trials = loaded
+    if args.cmd == "forward-check":
+        from raybench.bench.forward import forward_check  # torch: only for this command
+
+        wanted = {int(i) for i in args.trials.split(",")} if args.trials else None
+        for t in trials:
+            chosen = t.index in wanted if wanted else \
+                workloads.get(t.workload_name).forward_only(t.workload)
+            if chosen:
+                console.emit({"raybench_forward_check": forward_check(t)})
+        return 0
+    if args.cmd == "overhead":
+        from raybench.bench.overhead import overhead  # torch: only for this command
+        from raybench.bench.twins import NoBareTwin
+
+        try:
+            result = overhead(spec, trials[0], args.rounds, args.trials_per_round)
+        except NoBareTwin as e:  # found by the first bare loop, before Ray starts
+            print(f"raybench: bench overhead cannot compare {args.sweep}'s trial: {e}",
+                  file=sys.stderr)
+            return cli.EXIT_INVALID
+        console.emit({"raybench_overhead": result})
+        return 0
+    raise AssertionError(f"unhandled command {args.cmd}")  # argparse allows no other
+
+
+def _history(args: argparse.Namespace) -> int:
+    import tempfile
+
+    import pandas as pd
+
+    # pyarrow.dataset (0.25 s): only for `bench history`
+    from raybench.bench.history import benchmark
+
+    found = sorted(Path("results").rglob("results.parquet"), key=lambda p: p.stat().st_mtime)
+    source = Path(args.row) if args.row else (found[-1] if found else None)
+    if source is None or not source.is_file():
+        print(f"raybench: no results.parquet to take a real row from ({args.row or 'results/'})"
+              ". Fix: run `make sweep` first, or pass --row RUN_DIR/results.parquet",
+              file=sys.stderr)
+        return 2
+    row = pd.read_parquet(source).iloc[0].to_dict()
+    with tempfile.TemporaryDirectory() as tmp:
+        result = benchmark(row, Path(tmp), args.rows, args.runs)
+    console.emit({"raybench_history_bench": {"row_from": str(source), **result}})
+    return 0

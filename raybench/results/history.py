@@ -1,0 +1,280 @@
+"""The long-lived history: every row of every run under a results root, append-only.
+
+Owns `<root>/history/`, a Parquet dataset of one file per sweep process
+(`<run_id>.<writer>.parquet`), and reading it back with filters. An append rewrites only its
+own file, which holds only the rows this process wrote (at most one run's), so its cost does
+not grow with the history; no append reads or rewrites an earlier run, two sweeps appending
+at once write different files and need no lock, and every file appears whole (a rename, or an
+object store's completed upload) or not at all. Reads list the `.parquet` files (a temporary
+of a killed writer is never one of them), unify their schemas (runs of different workloads
+have different columns) and push filters down to pyarrow.dataset. A `history.parquet` of
+raybench before this layout is read in place, as one more file, and never written.
+
+CSV is an export (`python -m raybench.history ROOT --csv FILE`), not a second copy kept per
+row: rewriting a CSV of everything is the cost this layout removes, and CSV loses types.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+from raybench import columns, console, store
+from raybench.records import now, uniform_cells
+from raybench.results import fingerprint
+
+log = logging.getLogger(__name__)
+DIRECTORY = "history"
+LEGACY = "history.parquet"  # the single table of raybench before 2026-11-25: read, not written
+STALE_TMP_S = 3600  # a temporary this old is a killed writer's (a write takes milliseconds)
+SEGMENT = "segment-"  # a file folded from run files by compact()
+SEGMENT_FILES = 64  # run files folded into one segment: a compaction reads at most this many
+ACTIVE_S = 86_400  # a run file written within a day may still be appended to: not folded
+SOURCES_KEY = b"raybench.history.sources"
+# what the history page and `compare --history` read: reading every column of a thousand runs
+# is what takes time (docs/performance.md)
+PAGE_COLUMNS = ["sweep", "run_id", "stage", "trial_key", "status", "recorded_at", "code_version",
+                "train/samples_per_s", "train/window_samples_per_s", "train/step_time_cv_pct",
+                "system/accelerator", "system/fingerprint", *fingerprint.SOFTWARE]
+
+
+class History:
+    """Appends this process's rows to its own file under `<root>/history/`; `compact` once
+    the run is over."""
+
+    def __init__(self, root: str | Path, code_version: str):
+        self.root = str(root)
+        self.dir = store.join(self.root, DIRECTORY)
+        self.version = code_version  # version.code_version(): the caller's, as this imports none
+        self.rows: list[dict[str, Any]] = []
+        self.file: str | None = None  # named at the first append, after the run's id
+
+    def append(self, row: dict[str, Any]) -> None:
+        entry = {**row, "recorded_at": now(), "code_version": self.version}
+        if self.file is not None and not store.is_file(self.file):
+            # a compaction folded this file into a segment (this writer was idle for a day):
+            # its rows are there, the next ones go to a new file
+            self.rows, self.file = [], None
+        self.rows.append(entry)
+        if self.file is None:
+            store.make_dirs(self.dir)
+            _remove_stale_temporaries(self.dir)
+            run = str(row.get("run_id") or "run").replace("/", "_")
+            self.file = store.join(self.dir, f"{run}.{uuid.uuid4().hex[:12]}.parquet")
+        frame = uniform_cells(pd.DataFrame(self.rows))
+        table = pa.Table.from_pandas(frame, preserve_index=False)
+        store.write_bytes(self.file, parquet_bytes(table))
+
+    def compact(self) -> str | None:
+        return compact(self.root)
+
+
+def files(root: str | Path) -> list[str]:
+    """Every history file under a results root that a read takes: the dataset's (less those a
+    segment has taken in, while they are still there) and a legacy table."""
+    out = []
+    legacy = store.join(str(root), LEGACY)
+    if store.is_file(legacy):
+        out.append(legacy)
+    hdir = store.join(str(root), DIRECTORY)
+    if not store.is_dir(hdir):
+        return out
+    names = [n for n, is_dir in store.list_dir(hdir) if not is_dir and n.endswith(".parquet")]
+    taken: set[str] = set()
+    for n in names:
+        if n.startswith(SEGMENT):
+            taken.update(_sources(store.join(hdir, n)))
+    return out + [store.join(hdir, n) for n in names if n not in taken]
+
+
+def read(root: str | Path, filter: ds.Expression | None = None,
+         columns_: list[str] | None = None) -> pd.DataFrame:
+    """The history's rows (all, or those `filter` keeps), oldest first. An empty frame when
+    the root holds no history."""
+    table = read_table(root, filter, columns_)
+    frame = table.to_pandas()
+    if "recorded_at" in frame:
+        frame = frame.sort_values("recorded_at", kind="stable").reset_index(drop=True)
+    return frame
+
+
+def read_table(root: str | Path, filter: ds.Expression | None = None,
+               columns_: list[str] | None = None) -> pa.Table:
+    for attempt in range(3):
+        try:
+            return _read_table(files(root), filter, columns_)
+        except FileNotFoundError:
+            if attempt == 2:  # a compaction removed what was listed: list again
+                raise
+    raise AssertionError("unreachable")
+
+
+def _read_table(paths: list[str], filter: ds.Expression | None,
+                columns_: list[str] | None) -> pa.Table:
+    if not paths:
+        return pa.table({})
+    fs, _ = store.resolve(paths[0])
+    factory = ds.FileSystemDatasetFactory(fs, [store.resolve(p)[1] for p in paths],
+                                          ds.ParquetFileFormat())
+    # every file's schema: a column one run lacks is null there; a column null in one run and
+    # typed in another takes the type (permissive promotion)
+    try:
+        schema = factory.inspect(promote_options="permissive", fragments=None)
+    except pa.ArrowTypeError:  # runs that stored a column as different types: read it as text
+        schema = _text_where_types_differ(fs, paths)
+    except pa.ArrowInvalid:  # a damaged file (a truncated copy, a full disk's): read the rest
+        readable = _readable(fs, paths)
+        if len(readable) == len(paths):
+            raise
+        return _read_table(readable, filter, columns_)
+    dataset = factory.finish(schema)
+    wanted = [c for c in columns_ if c in schema.names] if columns_ else None
+    return dataset.to_table(columns=wanted, filter=filter)
+
+
+def _readable(fs: Any, paths: list[str]) -> list[str]:
+    """The files whose Parquet footer reads; each other one is named in a warning."""
+    out = []
+    for p in paths:
+        try:
+            pq.read_schema(store.resolve(p)[1], filesystem=fs)
+            out.append(p)
+        except (pa.ArrowException, OSError) as e:
+            log.warning("history: skipping %s, which cannot be read (%s); move it away to "
+                        "silence this", p, str(e).splitlines()[0][:200])
+    return out
+
+
+def _text_where_types_differ(fs: Any, paths: list[str]) -> pa.Schema:
+    """The files' unified schema, a column whose types cannot be promoted into one (a bool in
+    one run, text in another) as text: the dataset casts each file's column to it on read."""
+    fields: dict[str, list[pa.DataType]] = {}
+    for p in paths:
+        for f in pq.read_schema(store.resolve(p)[1], filesystem=fs):
+            fields.setdefault(f.name, []).append(f.type)
+    out = []
+    for name, types in fields.items():
+        try:
+            merged = pa.unify_schemas([pa.schema([(name, t)]) for t in types],
+                                      promote_options="permissive").field(name)
+        except (pa.ArrowTypeError, pa.ArrowInvalid):
+            merged = pa.field(name, pa.string())
+        out.append(merged)
+    return pa.schema(out)
+
+
+def compact(root: str | Path, at_least: int | None = None) -> str | None:
+    """Fold the oldest run files into one segment once there are `SEGMENT_FILES` of them (a
+    read opens every file, and a thousand runs' files take seconds to open where fifteen
+    segments take a fraction); the segment's metadata names the files it took in, so a read
+    between its write and their removal skips them. Files written in the last
+    `ACTIVE_S` may belong to a sweep still appending, and are left alone; one compaction at a
+    time (a lock file). Returns the segment written, else None."""
+    at_least = at_least or SEGMENT_FILES
+    hdir = store.join(str(root), DIRECTORY)
+    if store.is_uri(hdir) or not Path(hdir).is_dir():
+        return None  # an object store has no lock to hold: its history is read unfolded
+    with open(Path(hdir) / ".compact.lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return None  # another sweep is folding these files
+        cutoff = time.time() - ACTIVE_S
+        loose = sorted(p for p in (Path(x) for x in files(root))
+                       if p.parent == Path(hdir) and not p.name.startswith(SEGMENT)
+                       and p.stat().st_mtime < cutoff)
+        if len(loose) < at_least:
+            return None
+        # a damaged file stays where it is, for its owner to look at
+        loose = [Path(p) for p in _readable(store.resolve(hdir)[0], [str(p) for p in loose])]
+        if len(loose) < at_least:
+            return None
+        loose = loose[:at_least]
+        table = _read_table([str(p) for p in loose], None, None)
+        units = {}
+        for p in loose:
+            units.update(columns.read_metadata(pq.read_schema(p).metadata))
+        meta = {SOURCES_KEY: json.dumps([p.name for p in loose]).encode(),
+                columns.META_KEY: json.dumps(units).encode()}
+        segment = str(Path(hdir) / f"{SEGMENT}{now()[:19].replace(':', '')}-"
+                      f"{uuid.uuid4().hex[:8]}.parquet")
+        store.write_bytes(segment, parquet_bytes(table.replace_schema_metadata(meta)))
+        for p in loose:
+            p.unlink(missing_ok=True)
+        return segment
+
+
+def units(root: str | Path) -> dict[str, dict[str, str]]:
+    """The metric columns' units, from the files' schema metadata."""
+    out: dict[str, dict[str, str]] = {}
+    for p in files(root):
+        fs, path = store.resolve(p)
+        out.update(columns.read_metadata(pq.read_schema(path, filesystem=fs).metadata))
+    return out
+
+
+def parquet_bytes(table: pa.Table) -> bytes:
+    """A history file: the units kept, pandas' metadata left out (a read opens every file's
+    footer, and that was 15 of its 74 KB)."""
+    meta = {k: v for k, v in (table.schema.metadata or {}).items() if k != b"pandas"}
+    if columns.META_KEY not in meta:  # a segment carries its run files' units already
+        meta.update(columns.metadata(table.column_names))
+    sink = pa.BufferOutputStream()
+    pq.write_table(table.replace_schema_metadata(meta), sink)
+    return sink.getvalue().to_pybytes()
+
+
+def _sources(segment: str) -> list[str]:
+    fs, path = store.resolve(segment)
+    meta = pq.read_schema(path, filesystem=fs).metadata or {}
+    return json.loads(meta.get(SOURCES_KEY, b"[]"))
+
+
+def no_history(root: str | Path) -> str:
+    return (f"raybench: {root} holds no history (no {DIRECTORY}/ folder of Parquet files and "
+            f"no {LEGACY}). Fix: pass the results root a sweep wrote to (output.root, default "
+            "./results)")
+
+
+def _remove_stale_temporaries(hdir: str) -> None:
+    if store.is_uri(hdir):
+        return  # an object appears whole on upload: no temporaries
+    cutoff = time.time() - STALE_TMP_S
+    for p in Path(hdir).glob("*.tmp*"):
+        try:
+            if p.is_file() and p.stat().st_mtime < cutoff:
+                p.unlink()
+        except OSError:
+            pass  # another process removed it first
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m raybench.history") -> int:
+    p = console.parser(prog, "Export the history under a results root as CSV.")
+    p.add_argument("root", help="results root (holds history/ or a legacy history.parquet)")
+    p.add_argument("--csv", required=True, metavar="FILE", help="write the rows as CSV")
+    p.add_argument("--sweep", help="only this sweep's rows")
+    p.add_argument("--trial-key", help="only this configuration's rows")
+    args = p.parse_args(argv)
+    if not files(args.root):
+        print(no_history(args.root), file=sys.stderr)
+        return 2
+    keep = None
+    for name, value in (("sweep", args.sweep), ("trial_key", args.trial_key)):
+        if value is not None:
+            term = ds.field(name) == value
+            keep = term if keep is None else keep & term
+    frame = read(args.root, keep)
+    store.write_text(args.csv, frame.to_csv(index=False))
+    print(f"{len(frame)} rows -> {args.csv}")
+    return 0
