@@ -36,6 +36,15 @@ def test_dry_run_exits_2_when_a_trial_never_fits(capsys, write_sweep):
     assert "2 of 2 trials can never be placed" in captured.err
 
 
+def test_dry_run_against_a_cluster_that_does_not_answer_exits_2(capsys, write_sweep):
+    """--dry-run plans against the cluster of --address: where nothing answers, one paragraph
+    and exit 2 (it was a traceback), before anything else."""
+    assert main([str(write_sweep()), "--dry-run", "--address", "127.0.0.1:1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("raybench: no Ray cluster answers at 127.0.0.1:1") and "Fix:" in err
+    assert "Traceback" not in err and err.count("\n") == 1
+
+
 def test_invalid_spec_exits_2_with_one_paragraph(capsys, write_sweep, tmp_path):
     out_dir = tmp_path / "out"
     code = main([str(write_sweep()), "--set", "measure.warmup_steps=9", "--output", str(out_dir)])

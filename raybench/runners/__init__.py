@@ -29,15 +29,13 @@ RUNNERS = {"ray": "raybench.runners.on_ray.runner:RayRunner",
            "torchrun": "raybench.runners.torchrun:TorchrunRunner"}
 
 
-class Unreachable(ConnectionError):
-    """The cluster a runner was pointed at does not answer: an input error (exit 2) with its
-    fix, raised within seconds rather than after the minutes a client library may retry."""
-
-
 class Runner(ABC):
     """Executes trials for one sweep run; a context manager around its start and stop."""
 
     name: ClassVar[str]
+    # this runner's errors that are input to fix (exit 2, one paragraph), not a failed run:
+    # the Ray runner's cluster that does not answer
+    input_errors: ClassVar[tuple[type[Exception], ...]] = ()
 
     def __init__(self, spec: SweepSpec, out: Path, address: str | None = None,
                  started: bool = False):
@@ -82,7 +80,12 @@ class Runner(ABC):
         the runner stops after this call, so it may leave to `stop` what `stop` ends anyway."""
 
 
+def runner_class(name: str) -> type[Runner]:
+    """The runner called `name` (RUNNERS), its module imported now."""
+    module, _, cls = RUNNERS[name].partition(":")
+    return getattr(importlib.import_module(module), cls)
+
+
 def make(name: str, spec: SweepSpec, out: Path, address: str | None = None,
          started: bool = False) -> Runner:
-    module, _, cls = RUNNERS[name].partition(":")
-    return getattr(importlib.import_module(module), cls)(spec, out, address, started)
+    return runner_class(name)(spec, out, address, started)

@@ -19,7 +19,6 @@ from pathlib import Path
 from raybench import cli, console, runners, store, workloads
 from raybench.results.history import History
 from raybench.results.rundir import LOCK, history_root, writing
-from raybench.runners import Unreachable
 from raybench.spec import SpecError, load_sections
 from raybench.sweep.loop import run_sweep
 from raybench.trials import TrialSpec
@@ -97,18 +96,24 @@ def _run(args: argparse.Namespace, t0: float, started: bool) -> int:
         return cli.EXIT_INVALID
     if args.dry_run:
         # Ray: not for --runner local or torchrun, which run without it
-        from raybench.runners.on_ray import plan
+        from raybench.runners.on_ray import cluster, plan
 
-        return plan.dry_run(spec, trials, args.address)
+        try:
+            return plan.dry_run(spec, trials, args.address)
+        except cluster.Unreachable as e:
+            print(f"raybench: {e}", file=sys.stderr)
+            return cli.EXIT_INVALID
     out = cli.output_dir(spec, args.output, args.resume)
     if out is None:
         return cli.EXIT_INVALID
     history = History(history_root(spec, args.output), code_version())
+    runner = runners.runner_class(args.runner)
     try:
         with writing(out, spec.source):
-            runner = runners.make(args.runner, spec, out, args.address, started)
-            summary = run_sweep(spec, trials, out, runner, history, args.jsonl, t0)
-    except (SpecError, store.UnreadableTable, Unreachable) as e:  # before anything was written
+            summary = run_sweep(spec, trials, out, runner(spec, out, args.address, started),
+                                history, args.jsonl, t0)
+    # before anything was written
+    except (SpecError, store.UnreadableTable, *runner.input_errors) as e:
         print(f"raybench: {e}", file=sys.stderr)
         _remove_if_unused(out, args.resume)
         return cli.EXIT_INVALID

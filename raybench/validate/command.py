@@ -28,7 +28,6 @@ import pandas as pd
 
 from raybench import cli, console
 from raybench.report.page import STYLE
-from raybench.runners import Unreachable
 from raybench.runners.on_ray import cluster
 from raybench.sweep import command as sweep
 from raybench.validate.verdict import LEVELS, Margins, MarginsError, Verdict, judge, load_margins
@@ -51,7 +50,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m raybench.validate
     with console.held():  # stdout for the verdict's JSON line alone (console.py)
         try:
             started = cluster.connect(args.address)
-        except Unreachable as e:
+        except cluster.Unreachable as e:
             print(f"raybench: {e}", file=sys.stderr)
             return cli.EXIT_INVALID
         try:

@@ -94,10 +94,10 @@ class LocalCluster:
         beside a loaded `make test` (2026-11-27; alone, a look started before the head had
         connected within 12 s), which failed the module's set-up: a look that hangs is now
         given up after 45 s and made again while time is left."""
-        from raybench.runners import Unreachable
         from raybench.runners.on_ray import (
             cluster,  # here: ray_nodes' other users need no Ray imported
         )
+        from raybench.runners.on_ray.cluster import Unreachable
 
         code = ("import ray,sys; ray.init(address=sys.argv[1], logging_level='ERROR'); "
                 "print(sum(1 for x in ray.nodes() if x['Alive']))")

@@ -21,7 +21,7 @@ import torch
 from raybench.context import WorkerContext
 from raybench.grid import expand
 from raybench.spec import load_sweep
-from raybench.worker import measure_rank
+from raybench.rank.loop import measure_rank
 
 SWEEP = """name: window_probe
 system: {label: probe, nodes: 1, gpus_per_node: 1}

@@ -13,7 +13,6 @@ from typing import Any
 
 import ray
 
-from raybench.runners import Unreachable
 from raybench.runners.on_ray import private as ray_private
 
 log = logging.getLogger(__name__)
@@ -34,6 +33,12 @@ os.environ.setdefault("RAY_worker_niceness", "0")
 # turns it on): the terminal is raybench's progress, one line per finished trial and the
 # summary; Ray's output stays in its session's log files. Read at ray.init and by Tune.
 _verbose = False
+
+
+
+class Unreachable(ConnectionError):
+    """The cluster raybench was pointed at does not answer: an input error (exit 2) with its
+    fix, raised within seconds rather than after the minutes a client library may retry."""
 
 
 def show_ray_output(verbose: bool) -> None:

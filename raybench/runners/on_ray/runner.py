@@ -34,6 +34,7 @@ declare(Metric("overhead/report_s", "s", "the trial's end to its outcome reachin
 
 class RayRunner(Runner):
     name = "ray"
+    input_errors = (cluster.Unreachable,)
     _started = False
 
     def start(self) -> None:
