@@ -142,7 +142,7 @@ PAGE_COLUMNS = ["config", "trial_key", "base", "new", "ratio", "ci95_low", "ci95
 def page(results: list[dict[str, Any]], title: str, header: list[str]) -> str:
     """The comparison as a self-contained page in the report's style: the table, and each
     configuration's ratio with its 95% interval against the threshold band."""
-    import plotly.graph_objects as go
+    import plotly.graph_objects as go  # plotly (0.3 s): only for --html
 
     from raybench.report import page as report_page  # plotly (0.3 s): only for --html
 

@@ -40,7 +40,7 @@ def check_env(env: dict[str, str]) -> None:
 def process_start() -> float | None:
     """When this process started (wall clock); None where psutil is not installed."""
     try:
-        import psutil
+        import psutil  # optional: without it, no process start
     except ImportError:
         return None
     return psutil.Process().create_time()

@@ -129,6 +129,7 @@ def _conv_backward_flop(grad_out_shape, x_shape, w_shape, _bias, _stride, _paddi
     the weight gradient as a dense convolution of the transposed input and gradient, ignoring
     groups: a depthwise 3x3 over 64 channels counted 65x its forward, EfficientNet-B0's
     training step 32.2 GFLOPs instead of 2.3."""
+    # torch: flops is imported where torch is not (the loader, the report)
     from torch.utils.flop_counter import conv_flop_count
 
     forward = conv_flop_count(x_shape, w_shape, grad_out_shape, transposed=transposed)
@@ -136,7 +137,7 @@ def _conv_backward_flop(grad_out_shape, x_shape, w_shape, _bias, _stride, _paddi
 
 
 def _counter() -> FlopCounterMode:
-    import torch
+    import torch  # torch: flops is imported where torch is not (the loader, the report)
     from torch.utils.flop_counter import FlopCounterMode
 
     return FlopCounterMode(display=False, custom_mapping={
@@ -148,7 +149,7 @@ def flops_per_sample(model: torch.nn.Module, example: torch.Tensor, train: bool)
 
     The copy is made with every parameter and buffer pre-mapped to a meta tensor, so counting
     never duplicates the weights on the GPU or in host memory (a 600M-parameter ViT would)."""
-    import torch
+    import torch  # torch: flops is imported where torch is not (the loader, the report)
 
     memo: dict[int, torch.Tensor] = {}
     for p in model.parameters():

@@ -69,10 +69,11 @@ def steady_heap() -> str:
     thread's arena unmaps any of its 64 MB heaps that falls empty. A step's activations then come
     back as new pages, each a fault and a zeroed page: 0 to 46 thousand faults/s in the same
     one-rank ResNet-18 trial by where it ran, up to 200 thousand and 40% of its throughput with
-    one threshold set by hand (docs/performance.md). All three set keep a heap's pages: blocks up
-    to 32 MB from the heap, no trim, and a top pad of a whole heap, which is what stops an empty
-    heap from being unmapped (glibc's heap_trim). malloc_trim still hands memory back between
-    trials (reset_peak_rss). Any one set alone turns glibc's adjustment off and faults more."""
+    one threshold set by hand (docs/journal/2026-11.md). All three set keep a heap's pages:
+    blocks up to 32 MB from the heap, no trim, and a top pad of a whole heap, which is what
+    stops an empty heap from being unmapped (glibc's heap_trim). malloc_trim still hands memory
+    back between trials (reset_peak_rss). Any one set alone turns glibc's adjustment off and
+    faults more."""
     if platform.libc_ver()[0] != "glibc":
         return "other"
     if "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", "") or any(

@@ -141,6 +141,7 @@ def remove_tree(loc: str | Path) -> None:
 
 
 def read_parquet(loc: str | Path):
+    # pyarrow.parquet, pandas: store is imported where no table is read
     import pyarrow.parquet as pq
 
     fs, path = resolve(loc)
@@ -162,7 +163,7 @@ class UnreadableTable(ValueError):
 
 def read_rows(path: Path) -> Any:
     """A run's results table (a pandas frame), or UnreadableTable naming it."""
-    import pandas as pd
+    import pandas as pd  # pyarrow.parquet, pandas: store is imported where no table is read
     import pyarrow as pa
 
     try:
@@ -174,7 +175,7 @@ def read_rows(path: Path) -> Any:
 
 
 def write_parquet(frame, loc: str | Path) -> None:
-    import pyarrow as pa
+    import pyarrow as pa  # pyarrow.parquet, pandas: store is imported where no table is read
     import pyarrow.parquet as pq
 
     sink = io.BytesIO()

@@ -86,7 +86,7 @@ def _cpu_model() -> str | None:
 
 def _gpus() -> list[dict[str, Any]]:
     try:
-        import pynvml
+        import pynvml  # NVML: absent on a machine without NVIDIA's driver
 
         pynvml.nvmlInit()
     except Exception as e:  # no driver, no library: a CPU machine

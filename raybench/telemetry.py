@@ -42,7 +42,7 @@ def open_sampler(device_index: int) -> NvmlSampler | None:
     """A sampler for torch's CUDA device `device_index`, or None (logged once) without NVML."""
     global _warned
     try:
-        import pynvml
+        import pynvml  # NVML and torch: on a GPU rank only
         import torch
 
         pynvml.nvmlInit()

@@ -127,7 +127,7 @@ def test_real_runs_slower_is_slower_and_a_rerun_is_not(tmp_path):
     base = sweep(tmp_path, "base", busy=False)
     rerun = sweep(tmp_path, "rerun", busy=False)
     slow = sweep(tmp_path, "slow", busy=True)
-    # this VM's own speed drifts 10-20% between runs a minute apart (docs/performance.md,
+    # this VM's own speed drifts 10-20% between runs a minute apart (docs/journal/2026-11.md,
     # issue 45), which the windows of one run cannot see: the threshold says so, and a run
     # sharing its core with a busy loop (about half the speed) is still beyond it
     # (--allow-quick: a run sharing its core may not settle, and then is a quick row)

@@ -36,9 +36,9 @@ def _rank(rank: int, port: int, sweep: str, slow_s: float, out: str) -> None:
         if rank == 1 and slow_s:
             prepare = ctx.prepare_model
 
-            def slowed(model):  # the test-only hook: this rank's forward takes longer
+            def slowed(model, clock=None):  # the test-only hook: this rank's forward is slower
                 model.register_forward_hook(lambda *_: time.sleep(slow_s))
-                return prepare(model)
+                return prepare(model, clock)
 
             ctx.prepare_model = slowed
         records = run_worker(trial, ctx)

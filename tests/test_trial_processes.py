@@ -2,7 +2,7 @@
 
 Tune's trial process and the Train controller load no torch: on the 2-core machine importing
 torch and a workload's model library cost each of them 2.7 s of a core at every worker group's
-start (docs/performance.md). They get a trial as `mailbox.TrialRef` (its spec by reference), the
+start (docs/journal/2026-11.md). They get a trial as `mailbox.TrialRef` (its spec by reference), the
 rank entry `rank.entry.run_trials` with its Ray side `ranks.RayRanks`, and the backend
 `process_group.ProcessGroupConfig`, all unpickled by reference to their modules. The sweep's driver validates the workload's parameters, so it
 imports the workload module and torch, but not the model library (torchvision: 1.4 s), nor

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import rasterio
+from rasterio.windows import Window
 
 from raybench.data import xview3 as x3
 from raybench.memory import peak_rss_mb
@@ -73,8 +74,6 @@ def copy_limit(scenes: Path, out: Path, chip: int = 800) -> dict[str, Any]:
     windows of one chip row, and every chip written as C x chip x chip float32 (the size of a
     raybench chip's data) to a raw file of its own. The 500 m band is read whole and not
     resampled (its plane in each chip is a copy of the first band's window): no arithmetic."""
-    from rasterio.windows import Window
-
     t0 = time.perf_counter()
     n = 0
     for scene in map(Path, x3.scene_dirs(scenes)):  # a local benchmark: paths
@@ -124,7 +123,7 @@ def _upsample_whole(coarse: np.ndarray, rows: int, cols: int) -> np.ndarray:
 
 def raybench_side(scenes: Path, labels: Path, out: Path, chip: int, cpus: int | None,
                   settle: float = SETTLE_S) -> dict[str, Any]:
-    import ray
+    import ray  # in the raybench side's own process: its Ray and imports are what it measures
 
     # in the raybench side's own process: its Ray and imports are what it measures
     from raybench.data.chip import chip_scenes

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from pathlib import Path
+
+import pandas as pd
 
 from raybench import cli, console, workloads
 
@@ -126,9 +129,7 @@ def _command(args: argparse.Namespace) -> int:
 
 
 def _history(args: argparse.Namespace) -> int:
-    import tempfile
 
-    import pandas as pd
 
     # pyarrow.dataset (0.25 s): only for `bench history`
     from raybench.bench.history import benchmark

@@ -13,8 +13,13 @@ import statistics
 import tempfile
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+import pandas as pd
+from scipy.stats import ttest_1samp
 
 from raybench import runners
 from raybench.bench.twins import bare_loop
@@ -35,7 +40,7 @@ THROUGHPUT_GOAL = 0.99
 LATER_TRIAL_MARGIN_S = 1.0
 # what else the machine did during each side's windows, from the rows: the ranks' CPU use and
 # their threads' time ready to run but waiting for a core (rank/host.py). On two cores the
-# Ray trial's threads waited 19% of the window against torchrun's 5% (docs/performance.md).
+# Ray trial's threads waited 19% of the window against torchrun's 5% (docs/journal/2026-11.md).
 HOST_FIGURES = ("host/cpu_util_pct", "host/run_wait_pct")
 
 
@@ -172,14 +177,11 @@ class _Rounds:
 def paired_ratio(ours: list[float], theirs: list[float], goal: float | None) -> dict[str, Any]:
     """`ours / theirs` round by round, where each round measured both sides back to back: the
     machine's drift from one round to the next (which on a small VM moved the bare loop by more
-    than the gap between runners, docs/performance.md) cancels within a pair. The rounds'
+    than the gap between runners, docs/journal/2026-11.md) cancels within a pair. The rounds'
     geometric mean with its 95% Student t interval on the logs (scipy: few rounds, ratios
     multiply); and, given a `goal`, the verdict: `met` when the interval lies at or above it,
     `missed` when wholly below, `undecided` when it straddles the goal (more rounds narrow it;
     one round has no interval and decides nothing)."""
-    import numpy as np
-    from scipy.stats import ttest_1samp
-
     logs = np.log(np.asarray(ours, float) / np.asarray(theirs, float))
     out: dict[str, Any] = {"by_round": [float(x) for x in np.exp(logs)],
                            "geomean": float(np.exp(logs.mean())), "ci95": None}
@@ -233,8 +235,6 @@ def breakdown(rows: list[dict[str, Any]], sweep_s: float) -> dict[str, float]:
 
 
 def _ok_rows(out: Path, n: int) -> list[dict[str, Any]]:
-    import pandas as pd
-
     rows = pd.read_parquet(out / "results.parquet").to_dict("records")
     if len(rows) != n or any(r["status"] != "ok" for r in rows):
         raise RuntimeError(f"raybench trials did not all succeed: {rows}")
@@ -242,6 +242,4 @@ def _ok_rows(out: Path, n: int) -> list[dict[str, Any]]:
 
 
 def _seconds(start: str, end: str) -> float:
-    from datetime import datetime
-
     return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()

@@ -138,7 +138,7 @@ def chip_scenes(scenes: str | Path, labels_csv: str | Path, out: str | Path, par
 # The chip arrays (data, mask) are written as they are: float32 SAR does not compress, so snappy
 # spent its time for nothing, and Parquet's default dictionary attempt and min/max statistics
 # hash and compare megabyte-sized values no reader uses. Writing was 44% of a strip task's time
-# with the defaults (`bench chips`, docs/performance.md). The small metadata columns keep them.
+# with the defaults (`bench chips`, docs/journal/2026-11.md). The small metadata columns keep them.
 SHARD_WRITE = {"compression": {"data": "none", "mask": "snappy"},
                "use_dictionary": ["scene_id"], "write_statistics": ["chip_index", "chip_row",
                                                                    "chip_col"]}
@@ -175,7 +175,7 @@ def _run_strips(todo: list[dict[str, Any]], cpus: int | None) -> Iterator[dict[s
     Measured on 2 CPUs (Ray 2.60): one block per strip ran one task at a time for seconds while
     Ray Data ramped up, and reserving resources per operator held back a CPU in this
     one-operator pipeline; two blocks per CPU without reservation keep every CPU busy."""
-    import ray
+    import ray  # Ray Data: only where chips are cut; the chip index and shards read without it
 
     ctx = ray.data.DataContext.get_current()
     saved = ctx.op_resource_reservation_enabled, ctx.execution_options.resource_limits
@@ -193,7 +193,7 @@ def _run_strips(todo: list[dict[str, Any]], cpus: int | None) -> Iterator[dict[s
 
 
 def _strip_batch(batch: dict[str, np.ndarray]) -> dict[str, list[str]]:
-    import ray
+    import ray  # Ray Data: only where chips are cut; the chip index and shards read without it
 
     node = ray.get_runtime_context().get_node_id()  # which node cut it: the stage's spread
     return {"result": [json.dumps({**r, "node": node})
@@ -362,6 +362,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m raybench.data.chi
     with console.held():  # stdout for the summary line alone (Ray's messages: stderr)
         try:
             params.validate()
+            # Ray Data: only where chips are cut; the chip index and shards read without it
             import ray
 
             # a Ray of its own (cluster.connect says why "local")

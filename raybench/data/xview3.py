@@ -132,7 +132,7 @@ def save_shoreline(path: Path, contours: list[np.ndarray]) -> None:
 def distance_to_shore_px(rows: np.ndarray, cols: np.ndarray,
                          contours: list[np.ndarray]) -> np.ndarray:
     """Euclidean distance in pixels from each (row, col) to the nearest contour point."""
-    from scipy.spatial import cKDTree
+    from scipy.spatial import cKDTree  # scipy.spatial: only where shorelines are matched
 
     points = np.concatenate(contours) if contours else np.empty((0, 2))
     if len(points) == 0:

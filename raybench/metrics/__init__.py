@@ -328,7 +328,7 @@ def ci95(values: list[float]) -> tuple[float | None, float | None]:
     reproducible); (None, None) below three values, where resampling has nothing to say."""
     if len(values) < 3 or len(set(values)) < 2:
         return (None, None) if len(values) < 3 else (float(values[0]), float(values[0]))
-    from scipy.stats import bootstrap
+    from scipy.stats import bootstrap  # scipy.stats: only for rows with windows to bootstrap
 
     res = bootstrap((np.asarray(values),), np.mean, confidence_level=0.95, n_resamples=2000,
                     method="percentile", random_state=np.random.default_rng(0))

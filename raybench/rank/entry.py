@@ -93,7 +93,7 @@ def _release(ctx: WorkerContext) -> None:
     """Between two trials in one process: nothing of the last one may stay behind. Its
     workload was local to the timed loop; collect what cycles kept, give cached CUDA blocks
     back (the next trial resets its peaks on an empty cache), drop compiled graphs."""
-    import torch
+    import torch  # torch: never at this module's import (see its note)
 
     gc.collect()
     if ctx.is_cuda:

@@ -16,6 +16,7 @@ from urllib.parse import quote
 
 import pandas as pd
 import pyarrow.parquet as pq
+import yaml
 
 from raybench import columns, store
 from raybench.report import figures, judge, page, reference
@@ -227,8 +228,6 @@ def _link(target: Path, base: Path) -> str:
 
 def budget_of(run_dir: Path) -> float | None:
     """The memory budget a run's sweep implies: its explicit budget, else the GPU's memory."""
-    import yaml
-
     path = Path(run_dir) / "sweep.yaml"
     if not path.exists():
         return None

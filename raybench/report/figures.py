@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 import plotly
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 from raybench.report import inference, tiles
 from raybench.report.assess import (
@@ -185,8 +186,6 @@ def accuracy_vs_throughput(df: pd.DataFrame) -> go.Figure | None:
 
 def epoch_curves(details: dict[str, dict[str, Any]]) -> go.Figure | None:
     """Epoch-based trials: accuracy after each epoch and each epoch's training time."""
-    from plotly.subplots import make_subplots
-
     runs = []
     for key, d in details.items():
         rank0 = next((r for r in d.get("records", []) if r.get("rank") == 0), None)
@@ -217,8 +216,6 @@ def epoch_curves(details: dict[str, dict[str, Any]]) -> go.Figure | None:
 
 def gpu_timelines(details: dict[str, dict[str, Any]]) -> go.Figure | None:
     """GPU utilisation and power over each trial's measured window, per rank (from NVML)."""
-    from plotly.subplots import make_subplots
-
     traces = []
     for key, d in details.items():
         for rec in d.get("records", []):

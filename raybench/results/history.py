@@ -43,7 +43,7 @@ SEGMENT_FILES = 64  # run files folded into one segment: a compaction reads at m
 ACTIVE_S = 86_400  # a run file written within a day may still be appended to: not folded
 SOURCES_KEY = b"raybench.history.sources"
 # what the history page and `compare --history` read: reading every column of a thousand runs
-# is what takes time (docs/performance.md)
+# is what takes time (docs/journal/2026-11.md)
 PAGE_COLUMNS = ["sweep", "run_id", "stage", "trial_key", "status", "recorded_at", "code_version",
                 "train/samples_per_s", "train/window_samples_per_s", "train/step_time_cv_pct",
                 "system/accelerator", "system/fingerprint", *fingerprint.SOFTWARE]

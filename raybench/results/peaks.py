@@ -14,6 +14,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import pyarrow.dataset as ds
+
 from raybench.columns import Metric, declare
 from raybench.results import history as store
 
@@ -35,7 +37,6 @@ def latest(history: Any, fingerprint: str | None) -> dict[str, float]:
     """{precision: TFLOP/s} of the newest validation run of this system in the history."""
     if history is None or not fingerprint:
         return {}
-    import pyarrow.dataset as ds
 
     try:
         rows = store.read(history.root, (ds.field("system/fingerprint") == fingerprint)

@@ -21,6 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import pyarrow.fs as pafs
 import yaml
 
 from raybench import store
@@ -170,8 +171,6 @@ def storage_uri(storage: str, sweep: str, run_id: str, *parts: str) -> str:
 def publish(out: Path, storage: str, sweep: str) -> str:
     """Copy the run directory (table, trial JSONs, report, run files) to shared storage through
     pyarrow's filesystems; the Ray storage subfolder is already there. Returns where it went."""
-    import pyarrow.fs as pafs
-
     dest = storage_uri(storage, sweep, out.name)
     fs, path = store.resolve(dest)
     fs.create_dir(path, recursive=True)

@@ -47,6 +47,7 @@ def check(spec: SweepSpec) -> None:
     if cfg is None:
         return
     try:
+        # MLflow: an optional dependency (the mlflow extra)
         from mlflow.tracking import MlflowClient
     except ImportError as e:
         raise SpecError(spec.source, KEY, cfg.tracking_uri,
@@ -88,6 +89,7 @@ class Tracker:
     `log_trial` as each row is written (a RowWriter sink), `finish` with the summary."""
 
     def __init__(self, spec: SweepSpec, out: Path):
+        # MLflow: an optional dependency (the mlflow extra)
         from mlflow.tracking import MlflowClient
 
         self.cfg = spec.output.mlflow
@@ -119,6 +121,7 @@ class Tracker:
         if self.sweep_run is None:
             return
         with self._guard(f"log trial {row.get('trial_key')}"):
+            # MLflow: an optional dependency (the mlflow extra)
             from mlflow.entities import Metric, Param, RunTag
 
             params, metrics, tags = split(row)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.multiprocessing as mp
 
 from raybench import fabric, metrics
 from raybench.context import WorkerContext, process_start
@@ -65,8 +66,6 @@ def run_local(trial: TrialSpec, trace_dir: str | None = None) -> TrialOutcome:
 def _spawn(trial: TrialSpec, trace_dir: str | None) -> list[dict[str, Any]]:
     """Ranks as local processes over torch.distributed (hardware.backend: gloo on CPU
     and on shared GPUs, nccl between GPUs)."""
-    import torch.multiprocessing as mp
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

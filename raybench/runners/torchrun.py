@@ -16,9 +16,11 @@ raybench.runners.torchrun`, the rank side.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import tempfile
@@ -81,9 +83,6 @@ def _end_with_this_process() -> None:
     """In the launcher's process, before it starts: it gets SIGTERM when the driver ends,
     however the driver ends (a SIGKILLed driver's ranks would otherwise run on, taking the
     cores a `--resume` then measures on), and ends its ranks in turn."""
-    import ctypes
-    import signal
-
     try:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     except (OSError, AttributeError):  # not Linux: the launcher outlives a killed driver

@@ -238,7 +238,7 @@ def run_ray(trial: TrialSpec, start_timeout_s: float, logical_gpus: bool = False
     over as Ray Data blocks, every 38.5 MB ResNet batch was copied into a block by a task and
     out of it in the replica: on the lent H200 a replica serving 7,843 samples/s while busy got
     3,658 samples/s (busy 46.6%); the input operator, not the tasks' own 5.8 ms, held it back."""
-    import ray
+    import ray  # Ray: only on its path; the local runner runs where Ray is not installed
 
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False
@@ -285,7 +285,7 @@ def replica_pool(replicas: int) -> dict[str, Any]:
     ACTOR_TASKS at once in it. Ray 2.60 takes the latter as the pool's own
     `max_concurrent_calls_per_actor`, and warns that Ray's actor option `max_concurrency`
     among the remote args goes in 2.64; Ray 2.55 knows only the actor option."""
-    import ray
+    import ray  # Ray: only on its path; the local runner runs where Ray is not installed
 
     pool = ray.data.ActorPoolStrategy
     fixed = {"size": replicas, "max_tasks_in_flight_per_actor": TASKS_IN_FLIGHT}
@@ -352,7 +352,7 @@ class _RayReplica:
     to build and the driver to read, for the same figures)."""
 
     def __init__(self, trial: TrialSpec, logical_gpus: bool, pool: list, tail: Any):
-        import ray
+        import ray  # Ray: only on its path; the local runner runs where Ray is not installed
 
         rt = ray.get_runtime_context()
         self.replica = Replica(trial, index=rt.get_actor_id()[:12],
@@ -360,7 +360,7 @@ class _RayReplica:
         self.pool, self.tail, self.seq = pool, tail, 0  # object refs: not resolved until used
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        import ray
+        import ray  # Ray: only on its path; the local runner runs where Ray is not installed
 
         # the pass's batch as `pool_turn` picks it; a pool batch brings its own samples, so
         # its ids (the accuracy check compares those with the reference)

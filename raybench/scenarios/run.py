@@ -207,7 +207,7 @@ def _query_sized(trial: TrialSpec) -> TrialSpec:
 
 class _RayServerReplica(Replica):
     def __init__(self, trial: TrialSpec, index: int, logical_gpus: bool):
-        import ray
+        import ray  # Ray: only on its path; the local runner runs where Ray is not installed
 
         super().__init__(trial, index, node=ray.util.get_node_ip_address(),
                          logical_gpus=logical_gpus)
@@ -215,7 +215,7 @@ class _RayServerReplica(Replica):
 
 def _server_ray(trial: TrialSpec, start_timeout_s: float, logical_gpus: bool
                 ) -> TrialOutcome:
-    import ray
+    import ray  # Ray: only on its path; the local runner runs where Ray is not installed
 
     trial = _query_sized(trial)
     hw = trial.hardware

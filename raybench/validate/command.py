@@ -16,6 +16,7 @@ a margins file with an unknown key).
 from __future__ import annotations
 
 import argparse
+import html
 import json
 import sys
 import time
@@ -148,8 +149,6 @@ def _summary(gpus: list[Verdict], nodes: list[Verdict], out: Path, elapsed: floa
 def page(gpus: list[Verdict], nodes: list[Verdict], summary: dict[str, Any]) -> str:
     """The validation page in the report's style: the verdict, then a line per GPU and per
     node, worst first, with its figures and reasons. Pure; every text escaped."""
-    import html
-
     e = html.escape
     badge = {"pass": "valid", "warn": "quick", "fail": "invalid"}
 

@@ -71,7 +71,6 @@ class Workload(ABC):
     The timed loop calls `batches()` once, then per step `next()` (data wait), `to_device()`
     (still data wait) and `step()` (compute). It synchronises the device itself.
     """
-
     name: ClassVar[str]
     Params: ClassVar[type[WorkloadParams]] = WorkloadParams
     # Set by the contracts below, never by a workload: EpochWorkload, Servable.
@@ -230,7 +229,7 @@ class Probe(Workload):
 
     @property
     def model(self) -> torch.nn.Module:
-        import torch
+        import torch  # torch: the package stays importable without it (spec, --dry-run)
 
         if not hasattr(self, "_identity"):
             self._identity = torch.nn.Identity()  # no parameters: size and params read 0

@@ -51,7 +51,7 @@ class Efficientnet(Resnet):
     params: EfficientnetParams
 
     def build(self) -> torch.nn.Module:
-        import torchvision
+        import torchvision  # torchvision (1.4 s): see resnet.py's note
 
         p = self.params
         extra = {"dropout": p.dropout} if p.dropout is not None else {}
@@ -59,7 +59,7 @@ class Efficientnet(Resnet):
             num_classes=p.num_classes, **extra)
 
     def blocks(self) -> tuple[type[torch.nn.Module], ...]:
-        from torchvision.models import efficientnet
+        from torchvision.models import efficientnet  # torchvision (1.4 s): see resnet.py's note
 
         return efficientnet.MBConv, efficientnet.FusedMBConv
 

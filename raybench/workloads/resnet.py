@@ -23,7 +23,7 @@ from raybench.workloads._graphs import GraphedForward
 
 # torchvision is imported where a model or a dataset is built, not here: the sweep's driver
 # imports this module to validate the parameters, and torchvision (with torch._dynamo, which
-# it loads) took 1.4 s of the driver's start on a small machine (docs/performance.md).
+# it loads) took 1.4 s of the driver's start on a small machine (docs/journal/2026-11.md).
 
 # ImageNet channel statistics, as torchvision's reference training script uses.
 _MEAN = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
@@ -148,21 +148,21 @@ class Resnet(Servable):
         """The network, randomly initialised (after the seed is set); an image classifier
         family that trains and serves the same way subclasses this workload and builds its own
         (and names its own `blocks`)."""
-        import torchvision
+        import torchvision  # torchvision (1.4 s): see the note at the top
 
         return getattr(torchvision.models, f"resnet{self.params.depth}")(
             num_classes=self.params.num_classes)
 
     def blocks(self) -> tuple[type[torch.nn.Module], ...]:
         """What activation checkpointing wraps."""
-        from torchvision.models import resnet
+        from torchvision.models import resnet  # torchvision (1.4 s): see the note at the top
 
         return resnet.BasicBlock, resnet.Bottleneck
 
     def _dataset(self) -> Dataset:
         p = self.params
         if p.data == "imagefolder":
-            import torchvision
+            import torchvision  # torchvision (1.4 s): see the note at the top
 
             t = torchvision.transforms
             tf = t.Compose([

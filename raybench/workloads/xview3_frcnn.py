@@ -14,6 +14,7 @@ weights, and the accuracy gate is the xView3 aggregate of a pass over every vali
 
 from __future__ import annotations
 
+import copy
 import fcntl
 import functools
 import io
@@ -118,6 +119,7 @@ class FrcnnParams(EpochParams):
 
 
 def build_model(p: FrcnnParams, in_channels: int) -> nn.Module:
+    # torchvision (1.4 s): not at the driver's import of this module
     from torchvision.models.detection import FasterRCNN
     from torchvision.models.detection.anchor_utils import AnchorGenerator
     from torchvision.models.detection.backbone_utils import mobilenet_backbone, resnet_fpn_backbone
@@ -159,6 +161,7 @@ def build_model(p: FrcnnParams, in_channels: int) -> nn.Module:
 @functools.cache
 def _objectness_heads() -> type:
     """The RoIHeads subclass, made on first use: torchvision is imported only to build a model."""
+    # torchvision (1.4 s): not at the driver's import of this module
     from torchvision.models.detection.roi_heads import RoIHeads
     from torchvision.ops import boxes as box_ops
 
@@ -478,8 +481,6 @@ class Xview3Frcnn(EpochWorkload, Servable):
         proposes and the box head samples depend on the data, so the meta device cannot run it.
         A copy of the model does the step, leaving the measured model's BatchNorm statistics
         and gradients as they were."""
-        import copy
-
         images, targets, _ = next(iter(self.loader))
         images, targets = self.to_device((images, targets))
         model = copy.deepcopy(self._model).train()

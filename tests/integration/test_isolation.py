@@ -5,7 +5,7 @@ group, the next starting fresh workers: tests/reliability/test_faults_ray.py, wh
 under worker isolation.)
 
 This 2-core VM's own speed drifts by 10-20% over tens of seconds with nothing else running
-(docs/performance.md, issue 45), so the group and the fresh processes are measured in
+(docs/journal/2026-11.md, issue 45), so the group and the fresh processes are measured in
 alternating sweeps, round after round, and compared round by round: a drift then moves both
 sides of a pair alike, and the median of the rounds' ratios is what is bounded."""
 
@@ -146,7 +146,7 @@ def test_every_group_position_measures_as_fresh_processes(rounds):
     """Per position, the group's samples/s over that of the same shape on fresh processes in
     the same round (the two-rank shape: the group's own first trial; the one-rank shape: the
     fresh sweep's trial); the median over the rounds within 25% either way. The bound comes
-    from the measured spread (docs/performance.md, issue 45): over 22 rounds on this VM,
+    from the measured spread (docs/journal/2026-11.md, issue 45): over 22 rounds on this VM,
     quiet, with a busy process per core, and with busy processes competing thread for thread,
     the per-round ratios spread with a standard deviation (of their logarithm) of 0.05-0.15
     and ran 0.79-1.26; the median of any 2 of those rounds (CI runs 2) stayed within

@@ -12,6 +12,7 @@ import socket
 from typing import Any
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raybench.runners.on_ray import private as ray_private
 
@@ -178,8 +179,6 @@ def node_facts(embedded: bool = False) -> dict[str, dict[str, Any]]:
     not answer in time gets an `error` entry: facts never hold up a sweep. `embedded`: this
     process started Ray, so its workers share this process's machine and environment, and
     this node's facts are read here (a probe task's worker process costs seconds to start)."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
     from raybench import sysinfo  # torch (1.5 s): in each node's facts task only
 
     probe = ray.remote(num_cpus=0, max_retries=0)(sysinfo.machine)

@@ -24,6 +24,7 @@ def visible_gpus() -> int | None:
     meanwhile. Ray's accelerator manager is how `ray.init` counts them itself; no public call
     asks it. Changed: None, and Ray counts them at `ray.init` as it would without raybench."""
     try:
+        # Ray's internals at their use: a release without them fails this use alone
         from ray._private.accelerators import get_accelerator_manager_for_resource
 
         gpu = get_accelerator_manager_for_resource("GPU")
@@ -41,6 +42,7 @@ def autoscaler_monitors() -> list[subprocess.Popen]:
     (cluster.shutdown); the public `ray.shutdown` has no say in it. Changed: an empty list,
     and shutting down takes that second again."""
     try:
+        # Ray's internals at their use: a release without them fails this use alone
         from ray._private import ray_constants, worker
 
         node = getattr(worker, "_global_node", None)
@@ -58,6 +60,7 @@ def data_parallel_trainer() -> type:
     machine, process_group.py); V2 exports its generic trainer from no public module.
     Changed: every Ray trial fails with this message."""
     try:
+        # Ray's internals at their use: a release without them fails this use alone
         from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
     except ImportError as e:
         raise ImportError(f"this Ray ({_version()}) has no Ray Train V2 DataParallelTrainer "
@@ -72,6 +75,7 @@ def torch_framework() -> Any:
     value for torch, which its own TorchConfig returns (from a module that imports torch).
     Changed: None, which Ray's state export may refuse; the run still trains."""
     try:
+        # Ray's internals at their use: a release without them fails this use alone
         from ray.train.v2._internal.util import TrainingFramework
 
         return TrainingFramework.TORCH
@@ -85,6 +89,7 @@ def start_autoscaling_coordinator() -> None:
     starts it and waits for it (0.5 s of a core here, while the other core idled). No public
     call starts it. Changed: nothing is started, and the first trial waits for it again."""
     try:
+        # Ray's internals at their use: a release without them fails this use alone
         from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
             get_or_create_autoscaling_coordinator,
         )
@@ -94,6 +99,6 @@ def start_autoscaling_coordinator() -> None:
 
 
 def _version() -> str:
-    import ray
+    import ray  # at the use, as the rest of this module
 
     return ray.__version__

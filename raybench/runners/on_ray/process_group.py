@@ -2,7 +2,7 @@
 
 Ray Train's own torch backend (`TorchConfig`) is imported wherever the Train controller
 unpickles it, and its module imports torch: 2-3 s of one core at every worker group's start on
-a small machine (docs/performance.md), in a process that never runs a tensor. This backend does
+a small machine (docs/journal/2026-11.md), in a process that never runs a tensor. This backend does
 what that one does for raybench's ranks (a rendezvous address from rank 0's node, the
 torchrun-style environment variables, `init_process_group`, and on shutdown
 `destroy_process_group`), with torch imported only inside the functions that run on the
@@ -44,7 +44,7 @@ def _join(backend: str, url: str, timeout_s: float) -> None:
 
 def _init(backend: str, url: str, timeout_s: float, rank: int, size: int, local_rank: int,
           local_size: int, node_rank: int) -> None:
-    import torch.distributed as dist
+    import torch.distributed as dist  # torch: on the ranks only, never in the Train controller
 
     os.environ.update({
         "RANK": str(rank), "WORLD_SIZE": str(size), "LOCAL_RANK": str(local_rank),
@@ -66,7 +66,7 @@ def narrow(size: int) -> bool:
     whose address goes round the old group), and the others leave the old one. Returns whether
     this rank is one of the `size`: one that is not has no trial left to run (plan.worker_groups
     runs a group's trials widest first)."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # torch: on the ranks only, never in the Train controller
 
     ctx = ray.train.get_context()
     rank = ctx.get_world_rank()
@@ -90,7 +90,7 @@ def _url(addr: str, port: int) -> str:
 
 
 def _leave() -> None:
-    import torch.distributed as dist
+    import torch.distributed as dist  # torch: on the ranks only, never in the Train controller
 
     if dist.is_initialized():
         dist.destroy_process_group()
@@ -101,7 +101,7 @@ class _CudaDevice:
     before the function runs (NCCL binds a communicator to the current device)."""
 
     def __enter__(self) -> None:
-        import ray.train.torch
+        import ray.train.torch  # torch: on the ranks only, never in the Train controller
         import torch
 
         if torch.cuda.is_available():

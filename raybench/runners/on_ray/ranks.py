@@ -64,6 +64,7 @@ class RayRanks:
         return ray.get(self.specs)
 
     def context(self, trial: TrialSpec, stamps: dict[str, float]) -> WorkerContext:
+        # torch: on the rank, never in the Train controller that unpickles this side
         import ray.train.torch
         import torch
 

@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import ray
+
 from raybench import store
 from raybench.columns import Metric, declare
 from raybench.records import TrialOutcome, now
@@ -110,7 +112,7 @@ def _tuner(spec, trials: list[TrialSpec], out: Path, done: Done, name: str,
     (trial.tune_entry), each trial alone or (isolation: worker) the trials of one shape on
     one group of workers, one after another; max_concurrent_trials from
     plan.concurrency_limit; each outcome to the sweep loop as it comes (_Rows)."""
-    from ray import tune
+    from ray import tune  # Ray Tune: only once a sweep has training trials
 
     # Ray Train (0.56 s): only for training trials
     from raybench.runners.on_ray.mailbox import TrialRef
@@ -189,8 +191,6 @@ class _Rows:
         self.reported: set[int] = set()
 
     def __call__(self, trial_id: str, result: dict[str, Any]) -> bool:
-        import ray
-
         i = result.get("raybench_trial")
         if i is None or i in self.reported:  # Tune asks again about a trial's last result
             return False

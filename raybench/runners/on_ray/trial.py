@@ -63,7 +63,7 @@ def tune_entry(config: dict[str, Any], trials: list[TrialRef], groups: list[list
     It lives here, beside the trial it runs, not beside the Tune grid (runner.py):
     Tune's trial process imports the module of its function, and this one holds only what a
     trial needs (the grid's module brings the results table and the report)."""
-    from ray import tune
+    from ray import tune  # Ray Tune: in Tune's trial process, where it is loaded already
 
     members = groups[config["group"]]
     group = _Group([trials[i] for i in members], members, runs, begin=time.time())
