@@ -51,22 +51,7 @@ def benchmark(row: dict[str, Any], root: Path, rows: int = 100_000, runs: int = 
     for p in files(root):  # leave the root empty again
         fs, path = store.resolve(p)
         fs.delete_file(path)
-    # the earlier runs as sweeps leave them: a file each, written days ago, folded at each
-    # run's end once 64 are old enough
-    past = time.time() - 2 * ACTIVE_S
-    fold_s, t0 = 0.0, time.perf_counter()
-    for r in range(runs):
-        frame = pd.DataFrame([{**row, "run_id": f"past{r:05d}", "trial_index": i,
-                           "trial_key": f"cfg{i}", "recorded_at": f"2026-01-01T00:{r:05d}",
-                           "code_version": "bench"} for i in range(configs)])
-        path = Path(root, DIRECTORY, f"past{r:05d}.bench.parquet")
-        table = pa.Table.from_pandas(frame, preserve_index=False)
-        store.write_bytes(str(path), parquet_bytes(table))
-        os.utime(path, (past, past))
-        t1 = time.perf_counter()
-        compact(root)
-        fold_s += time.perf_counter() - t1
-    fill_s = time.perf_counter() - t0
+    fill_s, fold_s = _earlier_runs(row, root, runs, configs)
     layout = [Path(p).name for p in files(root)]
     full = [c for r in range(repeats) for c in one_run(f"full{r}")]
 
@@ -84,13 +69,35 @@ def benchmark(row: dict[str, Any], root: Path, rows: int = 100_000, runs: int = 
         "row_columns": len(row), "existing_rows": runs * configs, "existing_runs": runs,
         "run_rows": run_rows, "fill_s": round(fill_s, 1), "folding_s": round(fold_s, 1),
         "files": len(layout), "segments": sum(n.startswith(SEGMENT) for n in layout),
-        "append_ms_empty": {"median": statistics.median(empty), "max": max(empty),
-                            "first": statistics.median(empty[::run_rows]),
-                            "last": statistics.median(empty[run_rows - 1::run_rows])},
-        "append_ms_full": {"median": statistics.median(full), "max": max(full),
-                           "first": statistics.median(full[::run_rows]),
-                           "last": statistics.median(full[run_rows - 1::run_rows])},
+        "append_ms_empty": _appends(empty, run_rows), "append_ms_full": _appends(full, run_rows),
         # one configuration's rows (every earlier run has one, each measured run one more)
         "read_one_config_rows": found,
         "read_one_config_page_columns_ms": page, "read_one_config_all_columns_ms": whole,
     }
+
+
+def _earlier_runs(row: dict[str, Any], root: Path, runs: int, configs: int
+                  ) -> tuple[float, float]:
+    """`runs` earlier runs as sweeps leave them (a file each, written days ago, folded at each
+    run's end once 64 are old enough); seconds in all and in the folds."""
+    past = time.time() - 2 * ACTIVE_S
+    fold_s, t0 = 0.0, time.perf_counter()
+    for r in range(runs):
+        frame = pd.DataFrame([{**row, "run_id": f"past{r:05d}", "trial_index": i,
+                               "trial_key": f"cfg{i}", "recorded_at": f"2026-01-01T00:{r:05d}",
+                               "code_version": "bench"} for i in range(configs)])
+        path = Path(root, DIRECTORY, f"past{r:05d}.bench.parquet")
+        table = pa.Table.from_pandas(frame, preserve_index=False)
+        store.write_bytes(str(path), parquet_bytes(table))
+        os.utime(path, (past, past))
+        t1 = time.perf_counter()
+        compact(root)
+        fold_s += time.perf_counter() - t1
+    return time.perf_counter() - t0, fold_s
+
+
+def _appends(costs: list[float], run_rows: int) -> dict[str, float]:
+    """Append times (ms) of runs of `run_rows` appends: median, max, a run's first and last."""
+    return {"median": statistics.median(costs), "max": max(costs),
+            "first": statistics.median(costs[::run_rows]),
+            "last": statistics.median(costs[run_rows - 1::run_rows])}

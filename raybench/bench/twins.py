@@ -69,6 +69,13 @@ def resnet(p: ResnetParams, hw: HardwareSpec, m: MeasureSpec) -> float:
         raise NoBareTwin(f"the bare loop does not mirror {', '.join(beyond)}: run bench "
                          "overhead on the trial without it (--set), as a plain loop "
                          "with it would be raybench's code again")
+    ctx = _as_a_rank(hw)
+    return _timed(_resnet_step(p, hw, ctx, torchvision.models), m, p.batch_size, hw.use_gpu)
+
+
+def _as_a_rank(hw: HardwareSpec) -> WorkerContext:
+    """This process set as a rank sets itself for the trial; its context serves only for the
+    trial's autocast and GradScaler."""
     device = torch.device("cuda", 0) if hw.use_gpu else torch.device("cpu")
     # the heap every rank has (rank/loop.py): else the comparison would also weigh glibc's
     # history-dependent page faults (22-34 thousand/s in this loop by default), not the harness
@@ -80,9 +87,16 @@ def resnet(p: ResnetParams, hw: HardwareSpec, m: MeasureSpec) -> float:
     # and its precision as torch's own autocast and GradScaler (None unless fp16)
     ctx = WorkerContext.single(hw, device)
     ctx.set_math_mode()
+    return ctx
+
+
+def _resnet_step(p: ResnetParams, hw: HardwareSpec, ctx: WorkerContext,
+                 models: Any) -> Callable[[], None]:
+    """One plain training step of the trial's ResNet (`models`: torchvision's)."""
+    device = ctx.device
     fmt = torch.channels_last if hw.channels_last else torch.contiguous_format
     torch.manual_seed(p.seed)
-    model = getattr(torchvision.models, f"resnet{p.depth}")(num_classes=p.num_classes)
+    model = getattr(models, f"resnet{p.depth}")(num_classes=p.num_classes)
     model = model.to(device, memory_format=fmt)
     net = torch.compile(model) if hw.compile else model
     opt = torch.optim.SGD(model.parameters(), lr=p.lr, momentum=0.9, weight_decay=1e-4)
@@ -115,16 +129,22 @@ def resnet(p: ResnetParams, hw: HardwareSpec, m: MeasureSpec) -> float:
             scaler.step(opt)
             scaler.update()
 
+    return step
+
+
+def _timed(step: Callable[[], None], m: MeasureSpec, batch: int, gpu: bool) -> float:
+    """Samples/s of `m.measure_steps` steps after `m.warmup_steps`, timed around the whole
+    window with one device sync at each end, as a user's loop is."""
     for _ in range(m.warmup_steps):
         step()
-    if hw.use_gpu:
+    if gpu:
         torch.cuda.synchronize()
     start = time.perf_counter()
     for _ in range(m.measure_steps):
         step()
-    if hw.use_gpu:
+    if gpu:
         torch.cuda.synchronize()
-    return m.measure_steps * p.batch_size / (time.perf_counter() - start)
+    return m.measure_steps * batch / (time.perf_counter() - start)
 
 
 # A family member that shares a workload's loop (EfficientNet, a Resnet subclass) is not its

@@ -133,6 +133,20 @@ def outcome(records: Records | None) -> TrialOutcome:
 def summarize(records: Records) -> dict[str, Any]:
     """Metrics of one trial from every rank's record (see rank/loop.py)."""
     records = sorted((RankRecord.of(r) for r in records), key=lambda r: r.rank)
+    out: dict[str, Any] = {"device": device_column(r.device_name for r in records),
+                           **_timing(records), **_resources(records), **_phases(records)}
+    out["train/input_bound"] = out["train/data_wait_pct"] > INPUT_BOUND_PCT
+    out.update(_perf(records[0], out["train/samples_per_s_per_worker"]))
+    out.update(gpu_telemetry(records))
+    out.update(own_compute(records))
+    out.update(epoch_metrics(records[0].epochs))
+    if records[0].workload:  # the workload's own figures (records of older runs lack it)
+        out.update(_workload_figures(records, out))
+    return out
+
+
+def _timing(records: list[RankRecord]) -> dict[str, Any]:
+    """The steps' times and the trial's throughput, summed over its ranks."""
     step_ms = np.concatenate([_step_ms(r) for r in records])
     wait_ms = np.concatenate([np.asarray(r.wait_s) * 1e3 for r in records])
     compute_ms = np.concatenate([np.asarray(r.compute_s) * 1e3 for r in records])
@@ -142,8 +156,7 @@ def summarize(records: Records) -> dict[str, Any]:
     mean = float(step_ms.mean())
     std = float(step_ms.std(ddof=1)) if step_ms.size > 1 else 0.0
     first = records[0]
-    out: dict[str, Any] = {
-        "device": device_column(r.device_name for r in records),
+    return {
         "train/samples_per_s": float(sum(per_rank)),
         "train/samples_per_s_per_worker": float(sum(per_rank) / len(per_rank)),
         "train/global_batch_size": int(sum(r.samples_per_step for r in records)),
@@ -166,6 +179,13 @@ def summarize(records: Records) -> dict[str, Any]:
         "train/setup_s": float(max(r.setup_s for r in records)),
         "train/loss_final": first.loss_final,
         "train/loss_finite": loss_finite(records),
+    }
+
+
+def _resources(records: list[RankRecord]) -> dict[str, Any]:
+    """Memory, the host's figures, the model's size and where the ranks ran."""
+    first = records[0]
+    return {
         "mem/peak_allocated_mb": _max(records, "peak_allocated_mb"),
         "mem/peak_reserved_mb": _max(records, "peak_reserved_mb"),
         "mem/allocated_mb": _max(records, "allocated_mb"),
@@ -187,32 +207,42 @@ def summarize(records: Records) -> dict[str, Any]:
         "model/size_mb": first.model_size_mb,
         "cluster/nccl_net": first.nccl_net,
     }
+
+
+def _phases(records: list[RankRecord]) -> dict[str, float]:
+    """Each timed part of a step (clock.phase) over every rank's steps."""
+    out = {}
     for name in sorted({n for r in records for n in r.phase_s}):
         ms = np.concatenate([np.asarray(r.phase_s.get(name, [])) * 1e3 for r in records])
         out[f"train/{name}_mean_ms"] = float(ms.mean())
         out[f"train/{name}_std_ms"] = float(ms.std(ddof=1)) if ms.size > 1 else 0.0
         out[f"train/{name}_p50_ms"] = float(np.median(ms))
-    out["train/input_bound"] = out["train/data_wait_pct"] > INPUT_BOUND_PCT
+    return out
+
+
+def _perf(first: RankRecord, per_worker: float) -> dict[str, Any]:
+    """FLOPs per sample, TFLOP/s per GPU and MFU against the datasheet's peak."""
     # per GPU: ranks sharing one (hardware.ranks_per_gpu) add up to its rate
-    achieved, util = mfu(first.flops_per_sample,
-                         out["train/samples_per_s_per_worker"] * first.ranks_per_gpu,
+    achieved, util = mfu(first.flops_per_sample, per_worker * first.ranks_per_gpu,
                          first.device_name, first.precision)
-    out["perf/gflops_per_sample"] = (first.flops_per_sample / 1e9
-                                     if first.flops_per_sample else None)
-    out["perf/achieved_tflops_per_gpu"] = achieved  # per GPU, or per rank on CPU
-    out["perf/mfu_pct"] = 100.0 * util if util is not None else None
-    out.update(gpu_telemetry(records))
-    out.update(own_compute(records))
-    out.update(epoch_metrics(first.epochs))
-    if first.workload:  # the workload's own figures (records of older runs lack it)
-        cls = workloads.get(first.workload)
-        out["eval/accuracy_metric"] = cls.accuracy_metric
-        out["perf/headline_metric"] = cls.headline_metric
-        out["perf/datasheet_metric"] = cls.datasheet_metric
-        if cls.measures_peak:
-            out["perf/peak_probe"] = True
-        out["perf/size_axis"] = cls.size_axis
-        out.update(cls.row_metrics(records, out))
+    return {
+        "perf/gflops_per_sample": (first.flops_per_sample / 1e9
+                                   if first.flops_per_sample else None),
+        "perf/achieved_tflops_per_gpu": achieved,  # per GPU, or per rank on CPU
+        "perf/mfu_pct": 100.0 * util if util is not None else None,
+    }
+
+
+def _workload_figures(records: list[RankRecord], row: dict[str, Any]) -> dict[str, Any]:
+    """What the trial's workload declares of itself, and its own row metrics."""
+    cls = workloads.get(records[0].workload)
+    out = {"eval/accuracy_metric": cls.accuracy_metric,
+           "perf/headline_metric": cls.headline_metric,
+           "perf/datasheet_metric": cls.datasheet_metric}
+    if cls.measures_peak:
+        out["perf/peak_probe"] = True
+    out["perf/size_axis"] = cls.size_axis
+    out.update(cls.row_metrics(records, {**row, **out}))
     return out
 
 

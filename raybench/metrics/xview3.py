@@ -108,36 +108,10 @@ def score(pred: pd.DataFrame, labels: pd.DataFrame,
     if unknown:
         raise PredictionsError(f"predictions name scenes that the labels do not have: "
                                f"{unknown[:5]}; score against the label file of those scenes")
-    # 1. predictions matched to LOW labels are neither TP nor FP; then only HIGH/MEDIUM count
-    drop = []
-    for sid in scenes:
-        p, g = pred[pred.scene_id == sid], labels[labels.scene_id == sid]
-        low = g["confidence"].eq("LOW").to_numpy()
-        drop += [p.index[i] for i, j in match(_rc(p), _rc(g)) if low[j]]
+    drop = _matched_to_low(pred, labels, scenes)
     pred = pred.drop(index=drop)
     gt = labels[labels["confidence"].isin(["HIGH", "MEDIUM"])]
-
-    det, shore = Counts(), Counts()
-    pairs: list[tuple[Any, Any]] = []
-    shore_scenes = 0
-    for sid in scenes:
-        p, g = pred[pred.scene_id == sid], gt[gt.scene_id == sid]
-        m = match(_rc(p), _rc(g))
-        det.add(Counts(len(m), len(p) - len(m), len(g) - len(m)))
-        pairs += [(p.index[i], g.index[j]) for i, j in m]
-        if shorelines is None:
-            continue
-        g_s = g[g["distance_from_shore_km"] <= SHORE_KM]
-        d_px = x3.distance_to_shore_px(p["detect_scene_row"].to_numpy(float),
-                                       p["detect_scene_column"].to_numpy(float),
-                                       shorelines.get(sid, []))
-        # predictions get the match distance on top, so a label at 2 km keeps its partners
-        p_s = p[d_px * x3.SCALE_10M <= SHORE_KM * 1000 + MATCH_M]
-        if len(g_s) and len(p_s):
-            ms = match(_rc(p_s), _rc(g_s))
-            shore.add(Counts(len(ms), len(p_s) - len(ms), len(g_s) - len(ms)))
-            shore_scenes += 1
-
+    det, shore, pairs, shore_scenes = _match_scenes(pred, gt, scenes, shorelines)
     pi = [a for a, _ in pairs]
     gi = [b for _, b in pairs]
     pp, gg = pred.loc[pi].reset_index(drop=True), gt.loc[gi].reset_index(drop=True)
@@ -161,6 +135,44 @@ def score(pred: pd.DataFrame, labels: pd.DataFrame,
         "shore_scenes": shore_scenes, "dropped_low": len(drop), "scenes": len(scenes),
         "scenes_without_predictions": missing,
     }
+
+def _matched_to_low(pred: pd.DataFrame, labels: pd.DataFrame, scenes: list[str]) -> list[Any]:
+    """1. Predictions matched to LOW labels are neither TP nor FP: their index, to drop; then
+    only HIGH and MEDIUM labels count."""
+    drop = []
+    for sid in scenes:
+        p, g = pred[pred.scene_id == sid], labels[labels.scene_id == sid]
+        low = g["confidence"].eq("LOW").to_numpy()
+        drop += [p.index[i] for i, j in match(_rc(p), _rc(g)) if low[j]]
+    return drop
+
+
+def _match_scenes(pred: pd.DataFrame, gt: pd.DataFrame, scenes: list[str],
+                  shorelines: dict[str, list[np.ndarray]] | None
+                  ) -> tuple[Counts, Counts, list[tuple[Any, Any]], int]:
+    """Scene by scene: detection counts, close-to-shore counts (where shorelines are given),
+    the matched (prediction, label) index pairs and how many scenes had shore pairs."""
+    det, shore = Counts(), Counts()
+    pairs: list[tuple[Any, Any]] = []
+    shore_scenes = 0
+    for sid in scenes:
+        p, g = pred[pred.scene_id == sid], gt[gt.scene_id == sid]
+        m = match(_rc(p), _rc(g))
+        det.add(Counts(len(m), len(p) - len(m), len(g) - len(m)))
+        pairs += [(p.index[i], g.index[j]) for i, j in m]
+        if shorelines is None:
+            continue
+        g_s = g[g["distance_from_shore_km"] <= SHORE_KM]
+        d_px = x3.distance_to_shore_px(p["detect_scene_row"].to_numpy(float),
+                                       p["detect_scene_column"].to_numpy(float),
+                                       shorelines.get(sid, []))
+        # predictions get the match distance on top, so a label at 2 km keeps its partners
+        p_s = p[d_px * x3.SCALE_10M <= SHORE_KM * 1000 + MATCH_M]
+        if len(g_s) and len(p_s):
+            ms = match(_rc(p_s), _rc(g_s))
+            shore.add(Counts(len(ms), len(p_s) - len(ms), len(g_s) - len(ms)))
+            shore_scenes += 1
+    return det, shore, pairs, shore_scenes
 
 
 def validate_predictions(pred: pd.DataFrame, source: str = "predictions") -> pd.DataFrame:

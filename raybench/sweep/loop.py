@@ -41,14 +41,11 @@ def run_sweep(spec: SweepSpec, trials: list[TrialSpec], out: Path, runner: Runne
     """Run every trial through `runner` and return the summary; rows are on disk as each
     trial ends. The one sweep loop: stage, placement, search, resume, interrupts, history and
     the report are wired here for every runner. `t0`: when the run began (monotonic), where
-    its runner's machinery started before this call (sweep.main); the summary's elapsed_s
-    counts from there."""
+    its runner's machinery started before this call (sweep/command.py); the summary's
+    elapsed_s counts from there."""
     t0 = time.monotonic() if t0 is None else t0
     interrupted: int | None = None
-    tracker = None
-    if spec.output.mlflow:  # checked reachable at load (cli.load)
-
-        tracker = Tracker(spec, out)
+    tracker = Tracker(spec, out) if spec.output.mlflow else None  # reachable: cli.load checked
     writer = RowWriter(spec, out.name, ResultsTable(out), history, jsonl,
                        sinks=[tracker.log_trial] if tracker else None)
     if writer.resumed:
@@ -57,13 +54,7 @@ def run_sweep(spec: SweepSpec, trials: list[TrialSpec], out: Path, runner: Runne
     try:
         with runner:
             interrupts.install()  # after ray.init, whose own SIGTERM handler would end the process
-            runner.check(trials)
-            if not writer.resumed:  # a resumed run keeps the system facts its first rows came from
-                write_run_files(out, spec, *runner.system())
-            writer.system = fingerprint.of(run_facts(out))
-            writer.measured_peaks = peaks.latest(history, writer.system.get("system/fingerprint"))
-            if tracker:
-                tracker.start()
+            _begin(spec, trials, out, runner, writer, history, tracker)
             outputs = [_stage(variant, out, writer) for variant in stage_variants(spec)]
             trials = _with_stage_output(trials, outputs)
             if not spec.search:  # a resumed search replays its probes' rows instead (probe below)
@@ -93,7 +84,28 @@ def run_sweep(spec: SweepSpec, trials: list[TrialSpec], out: Path, runner: Runne
         interrupted = int(interrupts.signal_of(e))
         log.warning("interrupted by signal %d: %d trial rows are on disk; run the same command "
                     "with --resume to finish", interrupted, len(writer.done))
-    summary = summarize(writer, out, time.monotonic() - t0)
+    return _finish(spec, out, writer, history, tracker, interrupted, time.monotonic() - t0)
+
+
+def _begin(spec: SweepSpec, trials: list[TrialSpec], out: Path, runner: Runner,
+           writer: RowWriter, history: History | None, tracker: Tracker | None) -> None:
+    """Once the runner is up: the trials it can never serve refused (exit 2), the run files,
+    the columns every row gets (system facts, this system's measured peaks), the MLflow run."""
+    runner.check(trials)
+    if not writer.resumed:  # a resumed run keeps the system facts its first rows came from
+        write_run_files(out, spec, *runner.system())
+    writer.system = fingerprint.of(run_facts(out))
+    writer.measured_peaks = peaks.latest(history, writer.system.get("system/fingerprint"))
+    if tracker:
+        tracker.start()
+
+
+def _finish(spec: SweepSpec, out: Path, writer: RowWriter, history: History | None,
+            tracker: Tracker | None, interrupted: int | None, elapsed_s: float
+            ) -> dict[str, Any]:
+    """After the last row: the summary, the history's fold, the report, the MLflow run's end
+    and, for a whole run, its copy to shared storage."""
+    summary = summarize(writer, out, elapsed_s)
     if history is not None:
         try:  # after the run's last row: the fold costs no trial anything
             history.compact()
