@@ -370,3 +370,12 @@ def test_the_import_reason_check_finds_a_bare_one(tmp_path):
                     "\n\ndef g():\n    x = 1\n    from raybench import c\n"
                     "    # because\n    from raybench import d\n    x = 2\n    import numpy\n")
     assert unexplained_imports(path) == [8, 12]
+
+
+def test_the_record_of_a_run_imports_no_report(tree_graph):
+    """Rows are written whatever becomes of the page: results/ never reaches report/ (the
+    summary's validity count and the page's writing are the sweep loop's)."""
+    record = [m for m in tree_graph if m.startswith("raybench.results")]
+    found = sorted((m, t) for m in record for t in reachable(tree_graph, m)
+                   if t.startswith("raybench.report"))
+    assert not found, found
