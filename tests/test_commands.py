@@ -92,7 +92,8 @@ def test_the_console_script_and_the_readme_modules_are_the_same_commands(tmp_pat
     env = {**os.environ, "COLUMNS": "102"}
     script = os.path.join(os.path.dirname(sys.executable), "raybench")
     modules = ["raybench.sweep", "raybench.compare", "raybench.validate", "raybench.report",
-               "raybench.bench", "raybench.history", "raybench.rebuild", "raybench.data.chip"]
+               "raybench.bench", "raybench.history", "raybench.rebuild", "raybench.data.chip",
+               "raybench.data.synth_xview3", "raybench.metrics.xview3"]
     calls = [[script, "rebuild", "--help"], [sys.executable, "-m", "raybench", "compare",
                                              "--help"]]
     calls += [[sys.executable, "-m", m, "--help"] for m in modules]
