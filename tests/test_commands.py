@@ -86,22 +86,27 @@ def test_each_command_dispatches_with_its_own_name(monkeypatch):
     assert exit_.value.code == 2 and err.getvalue().startswith("usage: raybench history ")
 
 
-def test_the_console_script_and_the_readme_modules_are_the_same_commands(tmp_path):
-    """`raybench COMMAND`, `python -m raybench COMMAND` and the module the README names each
-    answer; `python -m raybench SWEEP.yaml` is still the sweep."""
+def test_the_console_script_and_the_readme_modules_are_the_same_commands(capsys):
+    """`raybench COMMAND` (the console script), and each module the README names run as
+    `python -m` (one interpreter for all of them: a process each cost 48 s of a CI worker);
+    `python -m raybench SWEEP.yaml` is still the sweep."""
     env = {**os.environ, "COLUMNS": "102"}
     script = os.path.join(os.path.dirname(sys.executable), "raybench")
-    modules = ["raybench.sweep", "raybench.compare", "raybench.validate", "raybench.report",
-               "raybench.bench", "raybench.history", "raybench.rebuild", "raybench.data.chip",
-               "raybench.data.synth_xview3", "raybench.metrics.xview3"]
-    calls = [[script, "rebuild", "--help"], [sys.executable, "-m", "raybench", "compare",
-                                             "--help"]]
-    calls += [[sys.executable, "-m", m, "--help"] for m in modules]
-    for cmd in calls:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT,
-                              timeout=120)
-        assert proc.returncode == 0 and proc.stdout.startswith("usage: "), (cmd, proc.stderr)
-    proc = subprocess.run([sys.executable, "-m", "raybench", "sweeps/local_cpu.yaml",
-                           "--dry-run"], capture_output=True, text=True, env=env, cwd=ROOT,
-                          timeout=120)
-    assert proc.returncode == 0 and "4 trials" in proc.stdout, proc.stderr
+    proc = subprocess.run([script, "rebuild", "--help"], capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: raybench rebuild"), proc.stderr
+    modules = ["raybench", "raybench.sweep", "raybench.compare", "raybench.validate",
+               "raybench.report", "raybench.bench", "raybench.history", "raybench.rebuild",
+               "raybench.data.chip", "raybench.data.synth_xview3", "raybench.metrics.xview3"]
+    runs = "\n".join(
+        f"sys.argv = [{m!r}, *({'compare',} if {m!r} == 'raybench' else ()), '--help']\n"
+        f"try:\n    runpy.run_module({m!r}, run_name='__main__', alter_sys=True)\n"
+        f"except SystemExit as e:\n    print('EXIT', {m!r}, e.code, flush=True)"
+        for m in modules)
+    proc = subprocess.run([sys.executable, "-c", f"import runpy, sys\n{runs}"],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    exits = re.findall(r"^EXIT (\S+) (\S+)$", proc.stdout, re.M)
+    assert exits == [(m, "0") for m in modules], proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.stdout.count("usage: ") == len(modules)
+    assert main([str(ROOT / "sweeps" / "local_cpu.yaml"), "--dry-run"]) == 0  # the sweep
+    assert "4 trials" in capsys.readouterr().out

@@ -20,9 +20,11 @@ from tests.integration.ray_nodes import LocalCluster
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 
 NODES = ["127.0.0.2", "127.0.0.3"]
-# two logical nodes share this machine's two cores, and their probes run at once: a margin for
-# that, not for real nodes (defaults: verdict.Margins)
-SHARED_CORES = "peer_warn_pct: 30\npeer_fail_pct: 70\n"
+# two logical nodes share this machine's two cores, and their probes run at once beside the
+# other test worker's tests: a margin for that, not for real nodes (defaults: verdict.Margins;
+# the peer rule's own thresholds are tested on made-up rows in tests/test_verdict.py). In a clean
+# clone's `make test` one node's 40 ms matmul window read 75% below the other's.
+SHARED_CORES = "peer_warn_pct: 30\npeer_fail_pct: 90\n"
 
 
 @pytest.fixture(scope="module")
