@@ -187,3 +187,15 @@ def test_a_server_failing_mid_sweep_costs_the_tracking_not_the_sweep(server, tmp
     assert "later trials are not sent to MLflow" in caplog.text
     tracker.log_trial(row, tmp_path / "none.json")  # and does not try again
     assert tracker.finish({"failed": 0})["error"] == tracker.error
+
+
+def test_mlflow_telemetry_is_off_unless_the_user_turns_it_on(monkeypatch):
+    """MLflow's telemetry thread removes an environment variable where its endpoint cannot be
+    reached, while raybench's requests read the environment (a KeyError in one of them, seen
+    in a clean clone's make test): raybench imports MLflow with it off, a user's setting wins."""
+    monkeypatch.delenv("MLFLOW_DISABLE_TELEMETRY", raising=False)
+    assert tracking._mlflow_client() is MlflowClient
+    assert os.environ["MLFLOW_DISABLE_TELEMETRY"] == "true"
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "false")
+    tracking._mlflow_client()
+    assert os.environ["MLFLOW_DISABLE_TELEMETRY"] == "false"

@@ -39,6 +39,20 @@ SWEEP_HTTP = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEO
 # parameter's value 6000 characters, a tag's 8000
 BATCH_PARAMS, BATCH_ALL, PARAM_LEN, TAG_LEN = 100, 1000, 6000, 8000
 SWEEP_FILES = ("report.html", "system_info.json", "sweep.yaml", "results.parquet")
+# MLflow's usage telemetry, off unless the user turns it on: where its endpoint cannot be reached
+# (a cluster without the internet), its config thread removes an environment variable
+# (_MLFLOW_TELEMETRY_SESSION_ID) while this process's requests read the environment, and one of
+# raybench's requests failed with that name as a KeyError (a clean clone's make test here).
+TELEMETRY_OFF = ("MLFLOW_DISABLE_TELEMETRY", "true")
+
+
+def _mlflow_client() -> type:
+    """MLflow's client class, MLflow imported with its telemetry off unless set otherwise."""
+    os.environ.setdefault(*TELEMETRY_OFF)  # read once, as MLflow is imported
+    # MLflow: an optional dependency (the mlflow extra)
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient
 
 
 def check(spec: SweepSpec) -> None:
@@ -47,8 +61,7 @@ def check(spec: SweepSpec) -> None:
     if cfg is None:
         return
     try:
-        # MLflow: an optional dependency (the mlflow extra)
-        from mlflow.tracking import MlflowClient
+        client_class = _mlflow_client()
     except ImportError as e:
         raise SpecError(spec.source, KEY, cfg.tracking_uri,
                         f"output.mlflow needs MLflow's client, which is not installed ({e})",
@@ -56,7 +69,7 @@ def check(spec: SweepSpec) -> None:
                         "or remove output.mlflow") from None
     try:
         with _http(CHECK_HTTP):
-            MlflowClient(cfg.tracking_uri).search_experiments(max_results=1)
+            client_class(cfg.tracking_uri).search_experiments(max_results=1)
     except Exception as e:
         raise SpecError(spec.source, KEY, cfg.tracking_uri,
                         f"MLflow cannot use it ({type(e).__name__}: {_first_line(e)})",
@@ -89,12 +102,9 @@ class Tracker:
     `log_trial` as each row is written (a RowWriter sink), `finish` with the summary."""
 
     def __init__(self, spec: SweepSpec, out: Path):
-        # MLflow: an optional dependency (the mlflow extra)
-        from mlflow.tracking import MlflowClient
-
         self.cfg = spec.output.mlflow
         self.spec, self.out = spec, Path(out).resolve()
-        self.client = MlflowClient(self.cfg.tracking_uri)
+        self.client = _mlflow_client()(self.cfg.tracking_uri)
         self.experiment_id: str | None = None
         self.sweep_run: str | None = None
         self.trial_runs = 0
