@@ -75,11 +75,32 @@ def expand(spec: SweepSpec) -> list[TrialSpec]:
                         "search.largest_batch chooses the batch size itself",
                         "remove batch_size from the grid")
     _check_axis_values(spec, axes)
-    trials = []
-    for combo in itertools.product(*(values for _, values in axes)):
-        overrides = {key: value for (key, _), value in zip(axes, combo, strict=True)}
+    trials, combos = [], []
+    for combo in itertools.product(*(range(len(values)) for _, values in axes)):
+        overrides = {key: values[i] for (key, values), i in zip(axes, combo, strict=True)}
         trials.append(_resolve(spec, len(trials), overrides))
+        combos.append(combo)
+    _refuse_one_trial_twice(spec, [k for k, _ in trial_axes], trials, combos)
     return trials
+
+
+def _refuse_one_trial_twice(spec: SweepSpec, names: list[str], trials: list[TrialSpec],
+                            combos: list[tuple[int, ...]]) -> None:
+    """Two grid combinations that validate into one trial (a value listed twice, `1` and
+    `1.0` for a float, `1` and `true` for a text field) would share its key: its row, its
+    trial file, and on `--resume` one would pass for the other (a run killed and resumed kept
+    one row of two). Refused, naming the axis whose values coincide."""
+    seen: dict[str, tuple[int, ...]] = {}
+    for trial, combo in zip(trials, combos, strict=True):
+        first = seen.setdefault(trial.key, combo)
+        if first is combo:
+            continue
+        axis = next(i for i, (a, b) in enumerate(zip(first, combo, strict=True)) if a != b)
+        values = spec.grid[names[axis]]
+        raise SpecError(spec.source, f"grid.{names[axis]}", values,
+                        f"lists {values[first[axis]]!r} and {values[combo[axis]]!r}, which are "
+                        "one value once validated: two combinations would be one trial",
+                        f"list each value of grid.{names[axis]} once")
 
 
 def stage_variants(spec: SweepSpec) -> list[PreprocessSpec]:

@@ -37,6 +37,10 @@ def uniform_cells(frame: Any) -> Any:
     for name in frame.columns:
         if frame[name].dtype != object:
             continue
+        if any(getattr(v, "ndim", 0) for v in frame[name]):
+            # a list read back from Parquet is a numpy array, one just made a list: the same
+            # cell, which must not make the column text on a resume's next write
+            frame[name] = [v.tolist() if getattr(v, "ndim", 0) else v for v in frame[name]]
         kinds = {type(v) for v in frame[name] if present(v)}
         if len(kinds) > 1:
             frame[name] = [(str(v).lower() if isinstance(v, bool) else str(v)) if present(v)

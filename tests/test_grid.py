@@ -183,3 +183,17 @@ def test_trials_that_use_no_new_field_keep_their_recorded_keys():
     changed = expand(load_sweep(ROOT / "sweeps" / "local_cpu.yaml",
                                 [*then["local_cpu"], "hardware.grad_accum_steps=2"]))[0].key
     assert changed != recorded["local_cpu"][0]
+
+
+@pytest.mark.parametrize("grid, axis", [
+    ("{batch_size: [8, 8]}", "batch_size"),  # a value listed twice
+    ("{batch_size: [4, 8], lr: [1, 1.0]}", "lr"),  # an int and a float of a float field
+    ("{env.X: [1, true]}", "env.X"),  # two spellings of one environment value
+])
+def test_two_combinations_that_are_one_trial_are_refused(write_sweep, grid, axis):
+    """They would share a key, a row and a trial file; a run killed and resumed kept one row
+    of two (issue 63, item 1)."""
+    spec = load_sweep(write_sweep(), [f"grid={grid}"])
+    with pytest.raises(SpecError, match=rf"grid\.{axis}=.*one value once validated.*list each "
+                                        rf"value of grid\.{axis} once"):
+        expand(spec)

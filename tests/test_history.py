@@ -187,3 +187,31 @@ def test_a_damaged_history_file_is_skipped_with_a_warning_and_left_alone(tmp_pat
     monkeypatch.setattr(history, "SEGMENT_FILES", 3)
     assert history.compact(tmp_path) is None  # two readable files: not enough to fold
     assert damaged.exists() and sorted(history.read(tmp_path)["run_id"]) == ["b", "c"]
+
+
+def test_a_column_stored_as_a_list_in_one_run_and_text_in_another_reads(tmp_path, caplog):
+    """One run file holds a metric as a list, another as text (what a resume wrote before it
+    kept the type): Arrow cannot cast the one to the other, and every read of the root failed;
+    now the other file's cells read as text, with a warning naming it (issue 63, item 1)."""
+    History(tmp_path, "test").append(row(run_id="a", trial_key="k",
+                                         **{"train/window_samples_per_s": [70.9, 71.0]}))
+    History(tmp_path, "test").append(row(run_id="b", trial_key="k",
+                                         **{"train/window_samples_per_s": "[70.88]"}))
+    hist = history.read(tmp_path)
+    assert sorted(hist["run_id"]) == ["a", "b"] and "read as text" in caplog.text
+    by_run = dict(zip(hist["run_id"], hist["train/window_samples_per_s"], strict=True))
+    assert by_run == {"a": "[70.9, 71.0]", "b": "[70.88]"}
+    only_b = history.read(tmp_path, ds.field("run_id") == "b", ["run_id"])
+    assert list(only_b["run_id"]) == ["b"]
+    assert history.units(tmp_path) is not None
+
+
+def test_the_units_read_skips_a_damaged_file(tmp_path, caplog):
+    """report --history reads the files' units from their footers: through the same guard as
+    the rows, a damaged file named and skipped (issue 63, item 2)."""
+    History(tmp_path, "test").append(row(run_id="a", trial_key="k",
+                                         **{"system/nodes": 1}))
+    damaged = tmp_path / history.DIRECTORY / "b.test.parquet"
+    damaged.write_bytes(b"PAR1 not a parquet file")
+    assert history.units(tmp_path)["system/nodes"]["unit"] == "count"
+    assert "cannot be read" in caplog.text and damaged.name in caplog.text

@@ -247,3 +247,29 @@ def test_a_damaged_table_is_named_and_rebuilt_from_the_trial_files(write_sweep, 
     assert [r["trial_key"] for r in rows] == [t.key for t in trials]
     assert len(list(tmp_path.glob("results.parquet.damaged-*"))) == 1
     assert rebuild.main([str(tmp_path / "nothing")]) == 2
+
+
+def test_a_list_column_keeps_its_type_when_a_resumed_run_adds_a_row(write_sweep, tmp_path):
+    """Rows read back from Parquet hold numpy arrays and a new row lists: the table kept the
+    column as text after a resume's next trial ("[70.88]"), which compare could not read
+    (issue 63, item 1)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from raybench import compare
+
+    spec = load_sweep(write_sweep(), ["grid={batch_size: [4, 8]}"])
+    first, second = expand(spec)
+    history = History(tmp_path / "root", code_version())
+    windows = {"train/window_samples_per_s": [70.88, 71.0, 70.5]}
+    for trial in (first, second):  # the second as a resumed run's: its table read back first
+        RowWriter(spec, "r", ResultsTable(tmp_path), history).write(trial, TrialOutcome(
+            status="ok", metrics={"train/samples_per_s": 70.8, **windows}))
+    column = pq.read_table(tmp_path / "results.parquet").schema.field(
+        "train/window_samples_per_s")
+    assert pa.types.is_list(column.type), column
+    assert compare.windows(compare.load_run(str(tmp_path)).iloc[0].to_dict()) == [
+        70.88, 71.0, 70.5]
+    hist = history_store.read(tmp_path / "root")
+    assert len(hist) == 2 and list(hist["train/window_samples_per_s"].iloc[1]) == [
+        70.88, 71.0, 70.5]

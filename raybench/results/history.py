@@ -140,7 +140,43 @@ def _read_table(paths: list[str], filter: ds.Expression | None,
         return _read_table(readable, filter, columns_)
     dataset = factory.finish(schema)
     wanted = [c for c in columns_ if c in schema.names] if columns_ else None
-    return dataset.to_table(columns=wanted, filter=filter)
+    try:
+        return dataset.to_table(columns=wanted, filter=filter)
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError):
+        # a column Arrow cannot cast to the text it unified into (a list in one run's file,
+        # text in another's): file by file, that column spelled as text
+        return _read_file_by_file(fs, paths, schema, filter, wanted)
+
+
+def _read_file_by_file(fs: Any, paths: list[str], schema: pa.Schema,
+                       filter: ds.Expression | None, wanted: list[str] | None) -> pa.Table:
+    """Each file on its own, cast to the unified `schema`; a column that will not cast is
+    written out as text, value by value, with a warning naming the file: one file never makes
+    the whole history unreadable."""
+    parts = []
+    for p in paths:
+        table = pq.read_table(store.resolve(p)[1], filesystem=fs)
+        cells = {}
+        for f in schema:
+            if f.name not in table.column_names:
+                cells[f.name] = pa.nulls(len(table), f.type)
+                continue
+            try:
+                cells[f.name] = table[f.name].cast(f.type)
+            except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError):
+                text = pa.types.is_string(f.type)  # what unification makes of a clash
+                log.warning("history: %s holds %s as %s where other runs hold %s; %s", p,
+                            f.name, table[f.name].type, f.type,
+                            "read as text" if text else "left empty")
+                cells[f.name] = pa.array(
+                    [None if v is None else json.dumps(v, default=str)
+                     for v in table[f.name].to_pylist()], f.type) if text else pa.nulls(
+                    len(table), f.type)
+        parts.append(pa.table(cells, schema=schema))
+    out = pa.concat_tables(parts)
+    if filter is not None:
+        out = out.filter(filter)
+    return out.select(wanted) if wanted is not None else out
 
 
 def _readable(fs: Any, paths: list[str]) -> list[str]:
@@ -218,9 +254,13 @@ def compact(root: str | Path, at_least: int | None = None) -> str | None:
 def units(root: str | Path) -> dict[str, dict[str, str]]:
     """The metric columns' units, from the files' schema metadata."""
     out: dict[str, dict[str, str]] = {}
-    for p in files(root):
-        fs, path = store.resolve(p)
-        out.update(columns.read_metadata(pq.read_schema(path, filesystem=fs).metadata))
+    paths = files(root)
+    if not paths:
+        return out
+    fs, _ = store.resolve(paths[0])
+    for p in _readable(fs, paths):  # a damaged file named once, as every reader does
+        out.update(columns.read_metadata(pq.read_schema(store.resolve(p)[1],
+                                                        filesystem=fs).metadata))
     return out
 
 
