@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import re
 import reprlib
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -77,8 +78,13 @@ class _UniqueKeys(yaml.SafeLoader):
 
 
 def parse_yaml(text: str) -> Any:
-    """YAML as raybench reads it: safe types only, every key once per mapping."""
-    return yaml.load(text, Loader=_UniqueKeys)  # noqa: S506 - a SafeLoader subclass
+    """YAML as raybench reads it, whatever the file (a sweep, a `--set` value, a margins
+    file): safe types only, every key once per mapping, and nesting Python can build."""
+    try:
+        return yaml.load(text, Loader=_UniqueKeys)  # noqa: S506 - a SafeLoader subclass
+    except RecursionError:  # 1,200 levels of [[[...]]] exhaust the parser's recursion
+        raise yaml.YAMLError(f"nested deeper than Python's {sys.getrecursionlimit()} frames "
+                             "can read") from None
 
 
 # A sweep's name is a directory under output.root: ASCII letters and digits first (never `.`
@@ -181,7 +187,13 @@ def apply_override(raw: dict[str, Any], item: str, source: str) -> None:
         raise _yaml_error(source, f"--set {key}", e, "quote the value or correct its YAML, "
                           "e.g. --set 'grid.batch_size=[8, 16]'") from None
     if key.startswith("grid."):  # grid keys themselves contain dots: split once
-        raw.setdefault("grid", {})[key[len("grid."):]] = value
+        if raw.get("grid") is None:  # absent, or `grid:` left empty
+            raw["grid"] = {}
+        if not isinstance(raw["grid"], dict):
+            raise SpecError(source, "grid", raw["grid"], "must map dotted keys to lists of "
+                            f"values, so --set {key} has no mapping to go in",
+                            "write e.g. grid: {batch_size: [16, 32]} in the file")
+        raw["grid"][key[len("grid."):]] = value
         return
     node = raw
     parts = key.split(".")
@@ -208,6 +220,15 @@ def validate_sweep(raw: dict[str, Any], source: str = "<memory>") -> SweepSpec:
     if not isinstance(grid, dict):
         raise SpecError(source, "grid", grid, "must map dotted keys to lists of values",
                         "write e.g. grid: {batch_size: [16, 32]}")
+    for key, values in grid.items():
+        if not isinstance(values, list) or not values:
+            raise SpecError(source, f"grid.{key}", values, "must be a non-empty list of "
+                            "values", f"write grid.{key}: [value, ...] (one value: [value])")
+        for i, value in enumerate(values):
+            if not _plain(value):  # a row holds the value: bytes or a date would not store
+                raise SpecError(source, f"grid.{key}[{i}]", value, f"is a {type(value).__name__}"
+                                ", not a number, text, true/false or a list or mapping of them",
+                                "write the value as a number or text")
     preprocess = None
     if raw.get("preprocess") is not None:
         preprocess = build_model(PreprocessSpec, raw["preprocess"], "preprocess", source)
@@ -221,6 +242,18 @@ def validate_sweep(raw: dict[str, Any], source: str = "<memory>") -> SweepSpec:
     return SweepSpec(name=name, system=system, workload_name=workload_name, workload=params,
                      grid=grid, source=source, preprocess=preprocess, search=search,
                      inference=inference, **sections)
+
+
+def _plain(value: Any) -> bool:
+    """Whether a value is what JSON holds: numbers, text, booleans, null, lists and mappings
+    of them (YAML also gives bytes for `!!binary` and dates for `2026-01-01`)."""
+    if value is None or isinstance(value, str | int | float | bool):
+        return True
+    if isinstance(value, list):
+        return all(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
+    return False
 
 
 def _sections(raw: dict[str, Any], source: str) -> tuple[str, SystemSpec, dict[str, Any]]:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from raybench import console, store
 from raybench.report import budget_of, write, write_history, write_index
+from raybench.report.judge import threshold_arg
 from raybench.results import history
 
 
@@ -15,7 +16,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m raybench.report")
     p.add_argument("runs", nargs="*", help="run directories (several: side by side)")
     p.add_argument("--index", metavar="ROOT", help="write ROOT/index.html of a results root")
     p.add_argument("--history", metavar="ROOT", help="write the history page of a results root")
-    p.add_argument("--threshold-pct", type=float, default=3.0, metavar="PCT",
+    p.add_argument("--threshold-pct", type=threshold_arg, default=3.0, metavar="PCT",
                    help="the history page's smallest drop that counts")
     p.add_argument("-o", "--output", metavar="FILE",
                    help="HTML file (default RUN_DIR/report.html for one run)")

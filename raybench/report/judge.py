@@ -12,6 +12,7 @@ with the windows per side that could decide). Pure: frames and lists in, verdict
 
 from __future__ import annotations
 
+import argparse
 import math
 from typing import Any
 
@@ -27,6 +28,19 @@ ALPHA = 0.05
 WINDOWS = "train/window_samples_per_s"
 THROUGHPUT = "train/samples_per_s"
 VERDICTS = ("slower", "faster", "unchanged", "inconclusive")
+
+
+def threshold_arg(text: str) -> float:
+    """`--threshold-pct` as the command lines take it: a finite share, at least 0 (NaN passed
+    every comparison and called nothing slower; a negative one called every run slower)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a threshold: give a per cent of 0 or more, e.g. 3")
+    return value
 
 
 def windows_to_decide(alpha: float = ALPHA) -> int:
@@ -50,9 +64,11 @@ def decide(base: list[float], new: list[float], threshold_pct: float = THRESHOLD
     p = float(mannwhitneyu(n, b, alternative="two-sided", method="exact").pvalue)
     low = high = None
     if len(b) >= 3 and len(n) >= 3 and (np.ptp(b) > 0 or np.ptp(n) > 0):
-        ci = bootstrap((n, b), lambda x, y: np.mean(x) / np.mean(y), paired=False,
-                       vectorized=False, confidence_level=0.95, n_resamples=2000,
-                       method="percentile", random_state=np.random.default_rng(0))
+        # vectorized: the same resamples (the generator draws them alike), a 2,000-fold
+        # Python loop less per configuration
+        ci = bootstrap((n, b), _ratio_of_means, paired=False, vectorized=True,
+                       confidence_level=0.95, n_resamples=2000, method="percentile",
+                       random_state=np.random.default_rng(0))
         low, high = float(ci.confidence_interval.low), float(ci.confidence_interval.high)
     change = 100.0 * (ratio - 1.0)
     within = low is not None and 1 - threshold / 100 <= low and high <= 1 + threshold / 100
@@ -68,6 +84,10 @@ def decide(base: list[float], new: list[float], threshold_pct: float = THRESHOLD
     if verdict == "inconclusive" and min(len(b), len(n)) < windows_to_decide():
         out["windows_needed"] = windows_to_decide()  # fewer cannot reach ALPHA at all
     return out
+
+
+def _ratio_of_means(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
+    return np.mean(x, axis=axis) / np.mean(y, axis=axis)
 
 
 EARLIER_RUNS = 5  # a row's baseline in the history: the windows of its last this many runs

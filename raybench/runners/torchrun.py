@@ -20,6 +20,7 @@ import ctypes
 import json
 import os
 import pickle
+import shutil
 import signal
 import subprocess
 import sys
@@ -42,6 +43,9 @@ TAIL = 3000  # characters of the launcher's output an error row keeps
 class TorchrunRunner(SerialRunner):
     name = "torchrun"
 
+    def start(self) -> None:
+        clear_stale_work()
+
     def system(self) -> tuple[dict[str, Any], dict[str, dict[str, Any]] | None]:
         return {"mode": "torchrun (torch.distributed.run), this machine, no Ray"}, None
 
@@ -58,7 +62,7 @@ def run_torchrun(trial: TrialSpec, trace_dir: str, timeout_s: float | None) -> T
     env = {**os.environ, **hw.env}
     if hw.nccl_between_ranks:  # to read back which network NCCL chose
         env.update(fabric.debug_env(trial.key))
-    with tempfile.TemporaryDirectory(prefix="raybench-torchrun-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=f"{WORK_PREFIX}{os.getpid()}-") as tmp:
         work = Path(tmp)
         (work / "trial.pkl").write_bytes(pickle.dumps(trial))
         cmd = [*LAUNCHER, f"--nproc-per-node={hw.world_size}", "-m", __name__, str(work),
@@ -77,6 +81,34 @@ def run_torchrun(trial: TrialSpec, trace_dir: str, timeout_s: float | None) -> T
             return TrialOutcome.from_dict(json.loads(failed[0].read_text()))
         output = (proc.stdout + proc.stderr)[-TAIL:]
         return TrialOutcome.failed("error", f"torchrun exited with {proc.returncode}: {output}")
+
+
+WORK_PREFIX = "raybench-torchrun-"  # + the driver's pid: whose work folder it is
+
+
+def clear_stale_work(tmp: str | None = None) -> list[Path]:
+    """Remove the work folders of torchrun drivers that are gone: a driver killed by SIGKILL
+    never ran its folder's clean-up, and each such folder kept a pickled trial and any records
+    (seen after a killed sweep). A folder whose driver still runs (a sweep beside this one) is
+    left alone. Returns what was removed."""
+    removed = []
+    for folder in Path(tmp or tempfile.gettempdir()).glob(f"{WORK_PREFIX}*"):
+        pid = folder.name[len(WORK_PREFIX):].partition("-")[0]
+        if not (folder.is_dir() and pid.isdigit()) or _alive(int(pid)):
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive, and not ours to judge
+        return True
+    return True
 
 
 def _end_with_this_process() -> None:

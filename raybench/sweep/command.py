@@ -141,13 +141,20 @@ def _remove_if_unused(out: Path, resume: bool) -> None:
 
 def _picked(args: argparse.Namespace, trials: list[TrialSpec]) -> list[TrialSpec] | None:
     """The trials `--trials` names (all without it), or None after saying what is wrong."""
-    if not args.trials:
+    if args.trials is None:
         return trials
     try:
-        wanted = {int(i) for i in args.trials.split(",")}
+        listed = [int(i) for i in args.trials.split(",")]  # '' too: it names no trial
     except ValueError:
         print(f"raybench: {args.sweep}: --trials={args.trials!r}: not a list of trial indices. "
-              "Fix: write e.g. --trials 0,3 (see --dry-run for the indices)", file=sys.stderr)
+              "Fix: write e.g. --trials 0,3 (see --dry-run for the indices), or leave "
+              "--trials out to run them all", file=sys.stderr)
+        return None
+    wanted = set(listed)
+    if len(wanted) < len(listed):  # a trial runs once: `0,0` asks for what it cannot mean
+        twice = sorted({i for i in listed if listed.count(i) > 1})
+        print(f"raybench: {args.sweep}: --trials={args.trials!r} names trial {twice} more than "
+              "once, and a trial runs once a run. Fix: name each index once", file=sys.stderr)
         return None
     unknown = sorted(wanted - {t.index for t in trials})
     if unknown:

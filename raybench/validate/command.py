@@ -56,6 +56,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m raybench.validate
             return cli.EXIT_INVALID
         try:
             return _validate(args, margins)
+        except Interrupted as e:  # one line and the sweep's exit code, as the sweep ends
+            print(f"raybench: {e}", file=sys.stderr)
+            return e.code
         finally:
             if started:
                 cluster.shutdown()
@@ -115,9 +118,20 @@ def _run(path: Path, sets: list[str], out: Path, address: str | None) -> Path:
     if address:
         argv += ["--address", address]
     code = sweep.main(argv)
+    if code >= 128:  # SIGINT or SIGTERM: the probe's sweep stopped between rows, as asked
+        raise Interrupted(code, path.name)
     if code not in (cli.EXIT_OK, cli.EXIT_TRIALS_FAILED):  # a failed trial is a row
         raise RuntimeError(f"the suite's sweep {path.name} ended with exit code {code}")
     return out
+
+
+class Interrupted(Exception):
+    """A signal stopped the suite in one of its probes' sweeps (exit 128 + the signal)."""
+
+    def __init__(self, code: int, probe: str):
+        super().__init__(f"validate interrupted by signal {code - 128} in {probe}: no verdict; "
+                         "the probes' rows so far are written. Run it again for a verdict")
+        self.code = code
 
 
 def _rows(runs: dict[str, Path]) -> pd.DataFrame:

@@ -29,9 +29,10 @@ from typing import Any
 
 import pandas as pd
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from raybench.columns import text
+from raybench.spec import parse_yaml
 from raybench.telemetry import POWER_CAP
 
 LEVELS = ("pass", "warn", "fail")
@@ -59,28 +60,46 @@ class Margins(BaseModel):
         "the card's maximum warns, unless the power cap held it there (a clock setting, a "
         "slowdown NVML does not name: thermal and hardware slowdowns fail on their own)")
 
+    @model_validator(mode="after")
+    def _warn_before_fail(self) -> Margins:
+        """A warning comes before a failure: a warn margin past its fail margin would never
+        warn, and said nothing of what the user meant."""
+        if self.of_datasheet_warn_pct <= self.of_datasheet_fail_pct:
+            raise ValueError(f"of_datasheet_warn_pct ({self.of_datasheet_warn_pct:g}) must be "
+                             f"above of_datasheet_fail_pct ({self.of_datasheet_fail_pct:g})")
+        if self.peer_warn_pct >= self.peer_fail_pct:
+            raise ValueError(f"peer_warn_pct ({self.peer_warn_pct:g}) must be below "
+                             f"peer_fail_pct ({self.peer_fail_pct:g})")
+        return self
+
 
 class MarginsError(ValueError):
     """A margins file that cannot be used: the message names the file, the key and the fix."""
 
 
 def load_margins(path: str | Path | None) -> Margins:
+    """The margins a YAML file sets (read as a sweep file is: every key once, no aliases'
+    surprises), each a finite number of its own type; the rest their defaults."""
     if path is None:
         return Margins()
     try:
-        data = yaml.safe_load(Path(path).read_text()) or {}
-    except (OSError, yaml.YAMLError) as e:
-        raise MarginsError(f"{path}: cannot read the margins file ({e}); give a YAML mapping "
-                           f"of margin: value") from e
-    if not isinstance(data, dict):
-        raise MarginsError(f"{path}: a margins file is a YAML mapping of margin: value")
-    try:
-        return Margins(**{k: float(v) if isinstance(v, int) else v for k, v in data.items()})
+        data = parse_yaml(Path(path).read_text(encoding="utf-8")) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise MarginsError(f"{path}: cannot read the margins file ({str(e).splitlines()[0]}); "
+                           "give a YAML mapping of margin: value") from None
+    if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
+        raise MarginsError(f"{path}: a margins file is a YAML mapping of margin: value, the "
+                           f"margins being {', '.join(Margins.model_fields)}")
+    try:  # an integer is a number here (strict mode takes no int for a float); a bool is not
+        return Margins(**{k: float(v) if type(v) is int else v for k, v in data.items()})
+    except OverflowError:
+        raise MarginsError(f"{path}: a margin is too large a number; a margin is a per cent "
+                           "from 0 to 100") from None
     except ValidationError as e:
         err = e.errors()[0]
         key = ".".join(str(x) for x in err["loc"]) or "(file)"
         raise MarginsError(f"{path}: {key}: {err['msg']}; the margins are "
-                           f"{', '.join(Margins.model_fields)}") from e
+                           f"{', '.join(Margins.model_fields)}") from None
 
 
 @dataclass

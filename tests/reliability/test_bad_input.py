@@ -91,6 +91,28 @@ CASES = {
     "grid_too_large": (SWEEP, ["--set", f"grid.seed={list(range(5001))}"],
                        ["10002 combinations", "execution.max_trials"]),
     "no_such_trial": (SWEEP, ["--trials", "1,99"], ["no trial [99]", "0 to 1"]),
+    # issue 63, items 3 and 6: each of these was a traceback, a silent merge or a whole grid
+    "deep_yaml_file": (SWEEP + "x: " + "[" * 1200 + "]" * 1200 + "\n", [],
+                       ["<yaml>", "nested deeper"]),
+    "deep_yaml_set": (SWEEP, ["--set", "measure.warmup_steps=" + "[" * 1200 + "]" * 1200],
+                      ["--set measure.warmup_steps", "nested deeper"]),
+    "set_grid_over_empty_grid": (SWEEP.replace("grid: {batch_size: [4, 8]}", "grid:"),
+                                 ["--set", "grid.batch_size=[8]", "--set", "grid.seed=1"],
+                                 ["grid.seed=1", "non-empty list"]),
+    "set_grid_over_a_list": (SWEEP.replace("grid: {batch_size: [4, 8]}", "grid: [1, 2]"),
+                             ["--set", "grid.batch_size=[8]"], ["grid=[1, 2]", "--set"]),
+    "scalar_axis_by_set": (SWEEP, ["--set", "grid.cpu_workers=2"],
+                           ["grid.cpu_workers=2", "non-empty list", "[value]"]),
+    "scalar_axis_in_file": (SWEEP.replace("grid: {batch_size: [4, 8]}",
+                                          "grid: {batch_size: 8}"), [],
+                            ["grid.batch_size=8", "non-empty list"]),
+    "bytes_in_an_axis": (SWEEP.replace("grid: {batch_size: [4, 8]}",
+                                       "grid: {seed: [1, !!binary aGk=]}"), [],
+                         ["grid.seed[1]", "bytes"]),
+    "one_value_twice": (SWEEP, ["--set", "grid.batch_size=[8, 8]"],
+                        ["grid.batch_size=[8, 8]", "one value once validated"]),
+    "empty_trials": (SWEEP, ["--trials", ""], ["--trials=''", "not a list of trial indices"]),
+    "a_trial_twice": (SWEEP, ["--trials", "0,0"], ["--trials='0,0'", "more than once"]),
 }
 
 
@@ -361,3 +383,87 @@ def test_bench_overhead_refuses_a_trial_its_bare_loop_cannot_mirror(tmp_path, se
         rc = bench.main(["overhead", str(path), "--set", "grid={}", "--set", setting])
     assert rc == 2
     assert str(path) in err.getvalue() and named in err.getvalue()
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "abc"])
+def test_compare_refuses_a_threshold_that_is_no_per_cent(value, capsys):
+    """NaN passed every comparison and called nothing slower; a negative threshold called
+    every run slower (issue 63, item 3)."""
+    from raybench import compare
+
+    with pytest.raises(SystemExit) as exit_:
+        compare.main(["a", "b", "--threshold-pct", value])
+    assert exit_.value.code == 2 and "is not a threshold" in capsys.readouterr().err
+
+
+MARGINS = {
+    "integer_key": ("1: 5\n", "mapping of margin: value"),
+    "huge_number": (f"peer_warn_pct: {'9' * 400}\n", "too large a number"),
+    "key_twice": ("peer_warn_pct: 5\npeer_warn_pct: 6\n", "duplicate key"),
+    "true_for_a_share": ("peer_warn_pct: true\n", "peer_warn_pct"),
+    "warn_past_fail": ("peer_warn_pct: 25\npeer_fail_pct: 20\n", "must be below"),
+    "deep": ("x: " + "[" * 1200 + "]" * 1200 + "\n", "nested deeper"),
+}
+
+
+@pytest.mark.parametrize("case", list(MARGINS))
+def test_a_margins_file_that_cannot_be_used_is_named(tmp_path, case):
+    """Each was a traceback, a silent merge or a wrong value (issue 63, item 3)."""
+    from raybench.validate.verdict import MarginsError, load_margins
+
+    text, fragment = MARGINS[case]
+    path = tmp_path / "margins.yaml"
+    path.write_text(text)
+    with pytest.raises(MarginsError, match=fragment) as e:
+        load_margins(path)
+    assert str(path) in str(e.value) and "\n" not in str(e.value)
+    path.write_bytes(b"\xff\xfe\x00binary")
+    with pytest.raises(MarginsError, match="cannot read the margins file"):
+        load_margins(path)
+
+
+@pytest.mark.parametrize("address", [":::::", "ray://nohost.invalid:10001", "http://h:80"])
+def test_validate_names_an_address_that_is_no_cluster_at_once(address, capsys, monkeypatch):
+    """`:::::` was a traceback at once, ray:// one after 31 s (issue 63, item 3)."""
+    import time
+
+    from raybench.validate import command
+
+    # as from a fresh process, whatever Ray an earlier test of this worker left connected
+    monkeypatch.setattr(command.cluster.ray, "is_initialized", lambda: False)
+    t0 = time.monotonic()
+    assert command.main(["--address", address]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("raybench: ") and "Fix:" in err and "Traceback" not in err, err
+    assert time.monotonic() - t0 < 15
+
+
+def test_validate_stopped_by_a_signal_ends_as_a_sweep_does(tmp_path, monkeypatch, capsys):
+    """SIGTERM while a probe's sweep ran: that sweep returns 143 with its rows whole; validate
+    ended with a RuntimeError traceback, and now says so in one line with the same code
+    (issue 63, item 6)."""
+    from raybench.validate import command
+
+    monkeypatch.setattr(command.cluster, "connect", lambda address: False)
+    monkeypatch.setattr(command.cluster, "nodes", lambda: [{"CPU": 2.0}])
+    monkeypatch.setattr(command.sweep, "main", lambda argv: 143)
+    assert command.main(["--output", str(tmp_path / "v")]) == 143
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("raybench: validate interrupted by signal 15"), err
+    assert not any("Traceback" in line for line in err)
+
+
+def test_a_killed_torchrun_drivers_work_folder_is_cleared_at_the_next_start(tmp_path):
+    """A driver killed by SIGKILL never removed its folder (issue 63, item 6); one whose
+    driver still runs stays."""
+    from raybench.runners.torchrun import WORK_PREFIX, clear_stale_work
+
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    stale = tmp_path / f"{WORK_PREFIX}{done.stdout.strip()}-abc"
+    live = tmp_path / f"{WORK_PREFIX}{os.getpid()}-def"
+    for folder in (stale, live):
+        folder.mkdir()
+        (folder / "trial.pkl").write_bytes(b"x")
+    assert clear_stale_work(str(tmp_path)) == [stale]
+    assert not stale.exists() and live.exists()

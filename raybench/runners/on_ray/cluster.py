@@ -92,12 +92,19 @@ REACH_TIMEOUT_S = 5.0  # a head on another continent answers a TCP connect well 
 
 
 def check_reachable(addr: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
-    """Raise Unreachable unless something accepts a connection at `addr` (HOST:PORT, Ray's GCS
-    port). `ray.init` on an address where nothing listens retried for minutes (over 2 min
-    here, Ray 2.60) before it gave up. Forms Ray resolves itself (`auto`, `ray://`) pass."""
-    host, _, port = addr.rpartition(":")
-    if "://" in addr or not host or not port.isdigit():
+    """Raise Unreachable unless something accepts a connection at `addr`: HOST:PORT (Ray's GCS
+    port) or ray://HOST:PORT (a Ray Client server). `ray.init` on an address where nothing
+    listens retried for minutes (over 2 min here, Ray 2.60; a ray:// one 31 s) before it gave
+    up, and on a malformed one (`:::::`) raised at once. `auto` and `local` are Ray's own."""
+    if addr in ("auto", "local"):
         return
+    scheme, sep, rest = addr.partition("://")
+    host, _, port = (rest if sep else addr).rpartition(":")
+    if (sep and scheme != "ray") or not host.strip("[]") or not port.isdigit():
+        raise Unreachable(
+            f"{addr!r} is not the address of a Ray cluster. Fix: give its head as --address "
+            "HOST:PORT (the GCS port, 6379 by default) or ray://HOST:PORT (Ray Client, 10001), "
+            "or set RAY_ADDRESS; without either, raybench starts its own Ray on this machine")
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
     except OSError as e:
