@@ -4,7 +4,7 @@
 (overhead.py, twins.py); `forward-check` times a forward-only trial against
 torch.utils.benchmark (forward.py); `chips` compares Ray Data chipping with the reference's
 serial whole-band chipping (chips.py); `history` times the history's appends and reads
-(history.py).
+(history.py); `compare` times compare against a run's configurations (comparison.py).
 `run SWEEP.yaml` is `python -m raybench.sweep SWEEP.yaml --runner local`, kept as a short name.
 """
 
@@ -61,6 +61,11 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     chips.add_argument("--seed", type=int, default=0, help="seed of the generated scenes")
     chips.add_argument("--settle", type=float, default=5.0, metavar="S",
                        help="seconds each side waits before its clock (default 5)")
+    comp = command("compare", "compare's time against a run's configurations")
+    comp.add_argument("--configs", default="1000,2000,10000", metavar="N,M",
+                      help="configurations a run (default 1000,2000,10000)")
+    comp.add_argument("--windows", type=int, default=5, metavar="N",
+                      help="windows a row (default 5)")
     hist = command("history", "the history's append and read costs")
     hist.add_argument("--row", metavar="PARQUET",
                       help="template row's table (default: the newest in results/)")
@@ -80,7 +85,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m raybench.bench") 
 
         sets = [arg for x in args.set for arg in ("--set", x)]
         return sweep.main([args.sweep, "--runner", "local", *sets,
-                           *(["--trials", args.trials] if args.trials else []),
+                           *(["--trials", args.trials] if args.trials is not None else []),
                            *(["--output", args.output] if args.output else []),
                            *(["--resume"] if args.resume else []),
                            *(["--jsonl"] if args.jsonl else [])])
@@ -92,6 +97,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m raybench.bench") 
 def _command(args: argparse.Namespace) -> int:
     if args.cmd == "history":
         return _history(args)
+    if args.cmd == "compare":
+        from raybench.bench.comparison import benchmark as compare_costs  # scipy: only here
+
+        sizes = [int(n) for n in args.configs.split(",")]
+        console.emit({"raybench_compare_bench": compare_costs(sizes, args.windows)})
+        return 0
     if args.cmd == "chips":
         from raybench.bench.chips import compare  # rasterio (0.4 s): only for `bench chips`
 
