@@ -46,7 +46,14 @@ def load_run(path: str) -> pd.DataFrame:
         raise BadInput(f"{run} is not a run directory (no results.parquet). Fix: pass a "
                        "directory written by python -m raybench.sweep, e.g. "
                        "results/<sweep>/<run_id>")
-    df = pd.read_parquet(table)
+    try:
+        df = store.read_rows(table)
+    except store.UnreadableTable as e:  # its message names the file and the rebuild
+        raise BadInput(str(e)) from None
+    lacking = [c for c in ("trial_key", "status") if c not in df]
+    if lacking:
+        raise BadInput(f"{table} has no {' or '.join(lacking)} column: not a table raybench "
+                       "wrote. Fix: pass a run directory written by python -m raybench.sweep")
     if "stage" in df:
         df = df[df["stage"] == "benchmark"]
     return df[df["status"] == "ok"].drop_duplicates("trial_key", keep="last")

@@ -153,6 +153,9 @@ def test_new_run_refuses_a_directory_with_rows_and_resume_checks_the_sweep(write
     with pytest.raises(SpecError, match="no earlier run"):
         run_directory(load_sweep(write_sweep(), [f"output.root={tmp_path / 'none'}"]), None,
                       resume=True)
+    (out / "sweep.yaml").write_text("a: [" * 1200)  # was a RecursionError (issue 63)
+    with pytest.raises(SpecError, match="cannot be read"):
+        run_directory(spec, str(out), resume=True)
 
 
 def yaml_dump(spec):

@@ -31,6 +31,7 @@ from raybench.report.assess import (
     with_validity,
 )
 from raybench.results import history as hist_store
+from raybench.spec import parse_yaml
 
 TABLE_COLUMNS = ["valid", "trial/category", "run_id", "stage", "trial_key", "status", "device",
                  THROUGHPUT,
@@ -174,10 +175,10 @@ def write_index(root: Path, out: Path | None = None) -> Path:
         try:
             df = store.read_rows(results)
         except store.UnreadableTable as e:  # listed as such; the other runs are still indexed
-            rows.append({"sweep": run.parent.name, "run": run.relative_to(root).as_posix(),
-                         "system": "?", "started": "?", "rows": "unreadable",
-                         "ok": str(e).split(". Fix:")[0], "best samples/s": None,
-                         "report": None})
+            rows.append(_unindexed(root, run, "unreadable", str(e).split(". Fix:")[0]))
+            continue
+        if "status" not in df:  # a table another tool wrote under the root
+            rows.append(_unindexed(root, run, "foreign", "no status column: not raybench's"))
             continue
         ok = df[df["status"] == "ok"]
         best = ok[THROUGHPUT].max() if THROUGHPUT in ok and not ok.empty else None
@@ -192,6 +193,11 @@ def write_index(root: Path, out: Path | None = None) -> Path:
         f"{len(rows)} runs"], "columns": list(rows[0]) if rows else ["sweep"], "rows": rows}
     store.write_text(out, page.render(m, []))
     return out
+
+
+def _unindexed(root: Path, run: Path, what: str, why: str) -> dict[str, Any]:
+    return {"sweep": run.parent.name, "run": run.relative_to(root).as_posix(), "system": "?",
+            "started": "?", "rows": what, "ok": why, "best samples/s": None, "report": None}
 
 
 def write_history(root: Path, out: Path, threshold_pct: float = judge.THRESHOLD_PCT) -> Path:
@@ -231,7 +237,12 @@ def budget_of(run_dir: Path) -> float | None:
     path = Path(run_dir) / "sweep.yaml"
     if not path.exists():
         return None
-    spec = yaml.safe_load(path.read_text()) or {}
+    try:  # the one loader for YAML (spec.parse_yaml); a run's copy edited into nonsense
+        spec = parse_yaml(path.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError):
+        return None
+    if not isinstance(spec, dict):
+        return None
     explicit = (spec.get("hardware") or {}).get("memory_budget_mb")
     gpu_gb = (spec.get("system") or {}).get("gpu_memory_gb")
     return explicit or (gpu_gb * 1024 if gpu_gb else None)

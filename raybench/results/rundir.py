@@ -26,7 +26,7 @@ import yaml
 
 from raybench import store
 from raybench.records import now
-from raybench.spec import SpecError, SweepSpec, validate_sweep
+from raybench.spec import SpecError, SweepSpec, parse_yaml, validate_sweep
 
 
 def run_directory(spec: SweepSpec, override: str | None, resume: bool = False) -> Path:
@@ -117,7 +117,12 @@ def _check_resumable(spec: SweepSpec, out: Path) -> None:
     if not saved.is_file():
         raise SpecError(spec.source, "--resume", str(out), "holds no run (no sweep.yaml)",
                         "name the run directory to finish with --output") from None
-    old = yaml.safe_load(saved.read_text()) or {}
+    try:
+        old = parse_yaml(saved.read_text()) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise SpecError(spec.source, "--resume", str(saved), f"cannot be read ({e})",
+                        "resume a run whose sweep.yaml raybench wrote, or start a new run "
+                        "without --resume") from None
     try:  # read as today's raybench reads it: a field added since, at its default, is no change
         old = validate_sweep(old, str(saved)).to_yaml_dict()
     except SpecError:

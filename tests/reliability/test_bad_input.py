@@ -396,6 +396,29 @@ def test_compare_refuses_a_threshold_that_is_no_per_cent(value, capsys):
     assert exit_.value.code == 2 and "is not a threshold" in capsys.readouterr().err
 
 
+def test_compare_on_a_table_it_cannot_use_and_an_index_over_a_foreign_one(tmp_path, capsys):
+    """A truncated results.parquet and one without a status column were tracebacks in
+    `compare`; a foreign table under a root was one in `report --index` (issue 63, item 3)."""
+    from raybench import compare
+    from raybench.report import write_index
+
+    for name in ("base", "foreign", "truncated"):
+        (tmp_path / "root" / name).mkdir(parents=True)
+    pd.DataFrame({"trial_key": ["k"], "x": [1.0]}).to_parquet(
+        tmp_path / "root" / "foreign" / "results.parquet")
+    pd.DataFrame({"trial_key": ["k"], "status": ["ok"]}).to_parquet(
+        tmp_path / "root" / "base" / "results.parquet")
+    whole = (tmp_path / "root" / "base" / "results.parquet").read_bytes()
+    (tmp_path / "root" / "truncated" / "results.parquet").write_bytes(whole[: len(whole) // 2])
+    for bad, fragment in (("foreign", "no status column"), ("truncated", "cannot be read")):
+        code = compare.main([str(tmp_path / "root" / "base"), str(tmp_path / "root" / bad)])
+        err = capsys.readouterr().err
+        assert code == 2 and fragment in err and "Traceback" not in err, err
+        assert len(err.strip().splitlines()) == 1
+    page = write_index(tmp_path / "root").read_text()
+    assert "foreign" in page and "unreadable" in page
+
+
 MARGINS = {
     "integer_key": ("1: 5\n", "mapping of margin: value"),
     "huge_number": (f"peer_warn_pct: {'9' * 400}\n", "too large a number"),
@@ -436,6 +459,26 @@ def test_validate_names_an_address_that_is_no_cluster_at_once(address, capsys, m
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("raybench: ") and "Fix:" in err and "Traceback" not in err, err
     assert time.monotonic() - t0 < 15
+
+
+def test_a_port_that_answers_but_is_no_ray_is_named(capsys, monkeypatch):
+    """10.255.255.1:6379 where the network accepts every connection (this VM's): the TCP
+    check passed and ray.init's ConnectionError was a traceback after 21 s (issue 63,
+    item 3). A listening socket that is no Ray stands for it; ray.init fails as it did."""
+    import socket
+
+    from raybench.validate import command
+
+    def no_ray(address, **_):
+        raise ConnectionError(f"Failed to connect to Ray cluster at {address}")
+
+    monkeypatch.setattr(command.cluster.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(command.cluster.ray, "init", no_ray)
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        address = "127.0.0.1:%d" % server.getsockname()[1]
+        assert command.main(["--address", address]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "the port accepts connections" in err and "Fix:" in err, err
 
 
 def test_validate_stopped_by_a_signal_ends_as_a_sweep_does(tmp_path, monkeypatch, capsys):

@@ -125,7 +125,17 @@ def connect(address: str | None) -> bool:
     if addr:
         check_reachable(addr)
         log.info("joining Ray cluster at %s", addr)
-        ray.init(address=addr, **_console())
+        try:
+            ray.init(address=addr, **_console())
+        except ConnectionError as e:
+            # something accepted the TCP connection and no Ray answered on it (a proxy or
+            # another service on the port): Ray gave up after about 20 s here
+            raise Unreachable(
+                f"no Ray cluster answers at {addr} (the port accepts connections, but Ray's "
+                f"handshake failed: {str(e).splitlines()[0][:160]}). Fix: give the head's GCS "
+                "address as --address HOST:PORT (6379 by default; `ray status` on the head "
+                "prints it) or RAY_ADDRESS; without either, raybench starts its own Ray on "
+                "this machine") from e
         _say_where_ray_logs()
         return False
     shape = local_shape()
