@@ -4,8 +4,9 @@ or can its windows not tell?
 Owns the command: two run directories' rows paired by configuration (refusing two systems or
 a quick row against a canonical one unless asked), the run-to-run spread from the history
 beside NEW, the table, the JSON line and the page. The decision itself is report/judge.py's
-(exact Mann-Whitney U and a practical threshold, the ratio's bootstrap interval). Exit 1 when
-any configuration is `slower`, 0 otherwise, 2 for bad input. `--history` judges the latest run
+(exact Mann-Whitney U, below four windows a side Welch's t on the logs, and a practical
+threshold). Exit 1 when any configuration is `slower`; else 4 when any is `inconclusive` (the
+data cannot say it is not slower); 0 otherwise; 2 for bad input. `--history` judges the latest run
 of a results root against each configuration's earlier runs on the same system; `--html`
 writes the comparison as a page in the report's style.
 """
@@ -29,7 +30,7 @@ from raybench.report.judge import (
     THRESHOLD_PCT,
     THROUGHPUT,
     VERDICTS,
-    decide,
+    decide_many,
     judge_history,
     run_spread,
     threshold_arg,
@@ -99,13 +100,18 @@ def compare_runs(base: pd.DataFrame, new: pd.DataFrame, threshold_pct: float = T
     axes = grid_axes(new)
     earlier = ({} if history is None or history.empty or "trial_key" not in history
                else dict(tuple(history.groupby("trial_key", sort=False))))
+    rows_b, rows_n = b.to_dict("index"), n.to_dict("index")  # once: .loc per key took 2 s
+    rows = [({**rows_b[k], "trial_key": k}, {**rows_n[k], "trial_key": k}) for k in common]
+    wins = [(windows(rb), windows(rn)) for rb, rn in rows]
+    has = [i for i, (wb, wn) in enumerate(wins) if wb and wn]
+    spreads = [run_spread(earlier.get(common[i]), rows[i][1],
+                          exclude={rows[i][0].get("run_id"), rows[i][1].get("run_id")})
+               for i in has]
+    verdicts = dict(zip(has, decide_many([wins[i] for i in has], threshold_pct, spreads),
+                        strict=True))
     out = []
-    for key in common:
-        rb, rn = {**b.loc[key].to_dict(), "trial_key": key}, {**n.loc[key].to_dict(),
-                                                              "trial_key": key}
-        wb, wn = windows(rb), windows(rn)
-        spread = run_spread(earlier.get(key), rn, exclude={rb.get("run_id"), rn.get("run_id")})
-        result = decide(wb, wn, threshold_pct, spread) if wb and wn else {
+    for i, (key, (rb, rn)) in enumerate(zip(common, rows, strict=True)):
+        result = verdicts.get(i) or {
             "verdict": "inconclusive",
             "reason": "a row has no train/window_samples_per_s: written before raybench kept "
                       "them, or not a training row"}
@@ -231,7 +237,30 @@ def main(argv: list[str] | None = None, prog: str = "python -m raybench.compare"
         counts = Counter(r["verdict"] for r in results)
         print(f"{len(results)} configurations: "
               + ", ".join(f"{v} {counts[v]}" for v in VERDICTS if counts[v]))
-    return 1 if slower else 0
+    return exit_code(results)
+
+
+EXIT_SLOWER, EXIT_UNDECIDED = 1, 4  # 2 is bad input, as everywhere in raybench
+
+
+def exit_code(results: list[dict[str, Any]]) -> int:
+    """1 where a configuration is slower; else 4 where one could not be decided (the data
+    cannot say it is not slower, which 0 would), said on stderr with what would decide it;
+    else 0."""
+    if any(r["verdict"] == "slower" for r in results):
+        return EXIT_SLOWER
+    undecided = [r for r in results if r["verdict"] == "inconclusive"]
+    if not undecided:
+        return 0
+    needed = [int(r["windows_needed"]) for r in undecided if present(r.get("windows_needed"))]
+    print(f"raybench: {len(undecided)} of {len(results)} configurations undecided (exit "
+          f"{EXIT_UNDECIDED}): their windows cannot tell a change beyond the threshold from "
+          "none. Fix: "
+          + (f"rerun with measure.repeats of {max(needed)} or more (about that many windows a "
+             "side would decide at the spread seen)" if needed else
+             "rerun both with a raybench that keeps train/window_samples_per_s"),
+          file=sys.stderr)
+    return EXIT_UNDECIDED
 
 
 def _main_history(args: argparse.Namespace) -> int:
@@ -260,7 +289,7 @@ def _main_history(args: argparse.Namespace) -> int:
     else:
         print(f"{latest} against its configurations' earlier runs in {args.history}")
         print(table(results))
-    return 1 if slower else 0
+    return exit_code(results)
 
 
 def _history_beside(run: Path) -> pd.DataFrame | None:
@@ -277,9 +306,9 @@ def _write_page(path: str | None, results: list[dict[str, Any]], what: str) -> N
     if not path:
         return
     store.write_text(path, page(results, "raybench comparison", [
-        what, f"exact two-sided Mann-Whitney U over the windows, p < {ALPHA:g}, and a change "
-        "beyond the threshold: slower / faster; the ratio's 95% interval within it: "
-        "unchanged; else inconclusive"]))
+        what, f"exact two-sided Mann-Whitney U over the windows (below four a side: Welch's t "
+        f"on their logs), p < {ALPHA:g}, and a change beyond the threshold: slower / faster; "
+        "the ratio's 95% interval within it: unchanged; else inconclusive"]))
 
 
 def _json(v: Any) -> Any:

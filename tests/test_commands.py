@@ -16,7 +16,7 @@ from raybench.__main__ import COMMANDS, main
 from tests.conftest import ROOT
 
 # `bench`'s own commands, each with its options
-BENCH = ["run", "overhead", "forward-check", "chips", "history", "compare"]
+BENCH = ["run", "overhead", "forward-check", "chips", "history", "compare", "verdicts"]
 
 
 def help_text(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> str:

@@ -4,6 +4,6 @@
 name); `overhead.py` a trial through Ray and torchrun against its workload's bare twin
 (`twins.py`); `forward.py` a forward-only trial against torch.utils.benchmark; `chips.py` Ray
 Data chipping against the reference's serial chipping; `history.py` the history's append and
-read costs; `comparison.py` compare's time against a run's configurations. Nothing here is
-imported by the product.
+read costs; `comparison.py` compare's time against a run's configurations; `verdicts.py`
+compare's rule on simulated windows. Nothing here is imported by the product.
 """

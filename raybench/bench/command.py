@@ -4,7 +4,8 @@
 (overhead.py, twins.py); `forward-check` times a forward-only trial against
 torch.utils.benchmark (forward.py); `chips` compares Ray Data chipping with the reference's
 serial whole-band chipping (chips.py); `history` times the history's appends and reads
-(history.py); `compare` times compare against a run's configurations (comparison.py).
+(history.py); `compare` times compare against a run's configurations (comparison.py);
+`verdicts` simulates how often compare's rule errs (verdicts.py).
 `run SWEEP.yaml` is `python -m raybench.sweep SWEEP.yaml --runner local`, kept as a short name.
 """
 
@@ -66,6 +67,16 @@ def _parser(prog: str) -> argparse.ArgumentParser:
                       help="configurations a run (default 1000,2000,10000)")
     comp.add_argument("--windows", type=int, default=5, metavar="N",
                       help="windows a row (default 5)")
+    verd = command("verdicts", "compare's rule on simulated windows of a known ratio")
+    verd.add_argument("--windows", default="3,5,10", metavar="N,M",
+                      help="windows a side (default 3,5,10)")
+    verd.add_argument("--cv-pct", default="1,3,5", metavar="C,D",
+                      help="each window's CV in per cent (default 1,3,5)")
+    verd.add_argument("--drift-pct", default="0,2", metavar="C,D",
+                      help="each run's own CV in per cent (default 0,2)")
+    verd.add_argument("--slowdown", type=float, default=0.8, metavar="R",
+                      help="the slowdown's ratio NEW/BASE (default 0.8)")
+    verd.add_argument("--draws", type=int, default=2000, help="pairs of runs each (2000)")
     hist = command("history", "the history's append and read costs")
     hist.add_argument("--row", metavar="PARQUET",
                       help="template row's table (default: the newest in results/)")
@@ -102,6 +113,16 @@ def _command(args: argparse.Namespace) -> int:
 
         sizes = [int(n) for n in args.configs.split(",")]
         console.emit({"raybench_compare_bench": compare_costs(sizes, args.windows)})
+        return 0
+    if args.cmd == "verdicts":
+        from raybench.bench.verdicts import benchmark as verdict_rates  # scipy: only here
+
+        def values(text: str) -> list[float]:
+            return [float(x) for x in text.split(",")]
+
+        for line in verdict_rates([int(n) for n in values(args.windows)], values(args.cv_pct),
+                                  values(args.drift_pct), args.slowdown, args.draws):
+            console.emit({"raybench_verdicts_bench": line})
         return 0
     if args.cmd == "chips":
         from raybench.bench.chips import compare  # rasterio (0.4 s): only for `bench chips`
