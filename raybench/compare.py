@@ -268,7 +268,12 @@ def _main_history(args: argparse.Namespace) -> int:
         print(history.no_history(args.history), file=sys.stderr)
         return 2
     hist = history.read(args.history)
-    latest = hist.sort_values("recorded_at")["run_id"].iloc[-1]
+    # raybench's own rows: a foreign file's rows have no time they were recorded at
+    stamped = hist.dropna(subset=["recorded_at"]) if "recorded_at" in hist else hist.iloc[:0]
+    if stamped.empty:
+        print(history.no_history(args.history), file=sys.stderr)
+        return 2
+    latest = stamped.sort_values("recorded_at")["run_id"].iloc[-1]
     judged = judge_history(hist, args.threshold_pct, latest)
     if judged.empty:
         print(f"raybench: the latest run in {args.history} ({latest}) has no configuration "

@@ -14,6 +14,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
+import raybench.metrics  # noqa: F401  declares the train/ columns whose units a file keeps
 from raybench import columns
 from raybench.results import history
 from raybench.results.history import History
@@ -215,3 +216,79 @@ def test_the_units_read_skips_a_damaged_file(tmp_path, caplog):
     damaged.write_bytes(b"PAR1 not a parquet file")
     assert history.units(tmp_path)["system/nodes"]["unit"] == "count"
     assert "cannot be read" in caplog.text and damaged.name in caplog.text
+
+
+def _bad_files(hdir: Path, good: Path) -> dict[str, Path]:
+    """Every kind of file issue 63 (item 2) put beside a history's run files, by name."""
+    import numpy as np
+    import pyarrow as pa
+
+    whole = good.read_bytes()
+    flipped = bytearray(whole)
+    for i in range(8, len(whole) // 2, 7):  # the data pages, the footer left whole
+        flipped[i] ^= 0xFF
+    made = {"random": np.random.default_rng(0).bytes(5000), "empty": b"",
+            "truncated": whole[: len(whole) // 2], "flipped": bytes(flipped)}
+    out = {}
+    for name, data in made.items():
+        out[name] = hdir / f"{name}.000000000000.parquet"
+        out[name].write_bytes(data)
+    tables = {
+        "struct": pa.table({"run_id": ["struct"], "status": ["ok"],
+                            "train/samples_per_s": pa.array([{"a": 1.0}])}),
+        "dupes": pa.Table.from_arrays([pa.array(["dupes"]), pa.array(["ok"]), pa.array(["x"])],
+                                      names=["run_id", "status", "status"]),
+        "text": pa.table({"run_id": ["text"], "status": ["ok"], "trial_key": ["k"],
+                          "train/samples_per_s": ["fast"]}),
+        "norows": pa.table({"run_id": pa.array([], pa.string()),
+                            "train/samples_per_s": pa.array([], pa.float64())}),
+    }
+    for name, table in tables.items():
+        out[name] = hdir / f"{name}.000000000000.parquet"
+        pq.write_table(table, out[name])
+    # a segment, readable, that claims a live run's file without holding its rows
+    claim = pa.table({"run_id": ["other"], "status": ["ok"]}).replace_schema_metadata(
+        {history.SOURCES_KEY: f'["{good.name}"]'.encode()})
+    out["claiming"] = hdir / f"{history.SEGMENT}claiming.parquet"
+    pq.write_table(claim, out["claiming"])
+    out["segment"] = hdir / f"{history.SEGMENT}damaged.parquet"
+    out["segment"].write_bytes(whole[:200])
+    return out
+
+
+def test_every_reader_of_a_history_gets_past_every_kind_of_bad_file(tmp_path, caplog, capsys):
+    """Random, empty, truncated and bit-flipped run files, foreign ones (a struct where a
+    metric is, a name twice, a metric as text, no rows), a damaged segment and one that claims
+    another run's file: every reader reads the good runs' rows, names what it skips or reads
+    as text, and never raises (issue 63, item 2)."""
+    from raybench import compare
+    from raybench.report import write_history
+    from raybench.results import peaks
+
+    for run, speed in (("r1", 100.0), ("r2", 101.0), ("r3", 99.0)):
+        History(tmp_path, "v").append(row(
+            run_id=run, trial_key="k", sweep="s", stage="benchmark",
+            **{"train/samples_per_s": speed, "train/window_samples_per_s": [speed] * 4,
+               "system/fingerprint": "fp", "perf/peak_probe": True,
+               "perf/achieved_tflops_per_gpu": 2.0, "hardware.precision": "fp32"}))
+    good = sorted((tmp_path / history.DIRECTORY).glob("r1.*.parquet"))[0]
+    bad = _bad_files(tmp_path / history.DIRECTORY, good)
+    caplog.clear()
+    hist = history.read(tmp_path)
+    assert {"r1", "r2", "r3"} <= set(hist["run_id"])
+    for name in ("random", "empty", "truncated", "flipped", "dupes", "segment"):
+        assert bad[name].name in caplog.text, name
+    assert len(history.read(tmp_path, ds.field("run_id") == "r2", ["run_id"])) == 1
+    assert history.units(tmp_path)["train/samples_per_s"]["unit"] == "samples/s"
+    assert history.main([str(tmp_path), "--csv", str(tmp_path / "h.csv")]) == 0
+    assert compare.main(["--history", str(tmp_path)]) in (0, 1, 4)
+    assert write_history(tmp_path, tmp_path / "history.html").exists()
+    assert peaks.latest(History(tmp_path, "v"), "fp") == {"fp32": 2.0}
+    past = time.time() - 2 * history.ACTIVE_S
+    for f in (tmp_path / history.DIRECTORY).glob("*.parquet"):
+        os.utime(f, (past, past))
+    history.compact(tmp_path, at_least=3)
+    for name in ("random", "empty", "truncated", "flipped", "segment"):
+        assert bad[name].exists(), name  # a damaged file stays for its owner to look at
+    assert {"r1", "r2", "r3"} <= set(history.read(tmp_path)["run_id"])
+    assert "Traceback" not in capsys.readouterr().err

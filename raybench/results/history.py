@@ -70,7 +70,7 @@ class History:
         if self.file is None:
             store.make_dirs(self.dir)
             _remove_stale_temporaries(self.dir)
-            run = str(row.get("run_id") or "run").replace("/", "_")
+            run = _file_prefix(row.get("run_id"))
             self.file = store.join(self.dir, f"{run}.{uuid.uuid4().hex[:12]}.parquet")
         frame = uniform_cells(pd.DataFrame(self.rows))
         table = pa.Table.from_pandas(frame, preserve_index=False)
@@ -96,6 +96,16 @@ def files(root: str | Path) -> list[str]:
         if n.startswith(SEGMENT):
             taken.update(_sources(store.join(hdir, n)))
     return out + [store.join(hdir, n) for n in names if n not in taken]
+
+
+def _warn(path: str, what: str) -> None:
+    """One warning a file and reason in a process: every reader of a root lists it again."""
+    if (path, what) not in _WARNED:
+        _WARNED.add((path, what))
+        log.warning("history: %s %s", path, what)
+
+
+_WARNED: set[tuple[str, str]] = set()
 
 
 def read(root: str | Path, filter: ds.Expression | None = None,
@@ -127,56 +137,87 @@ def _read_table(paths: list[str], filter: ds.Expression | None,
     fs, _ = store.resolve(paths[0])
     factory = ds.FileSystemDatasetFactory(fs, [store.resolve(p)[1] for p in paths],
                                           ds.ParquetFileFormat())
-    # every file's schema: a column one run lacks is null there; a column null in one run and
-    # typed in another takes the type (permissive promotion)
     try:
+        # every file's schema: a column one run lacks is null there; a column null in one run
+        # and typed in another takes the type (permissive promotion)
         schema = factory.inspect(promote_options="permissive", fragments=None)
-    except pa.ArrowTypeError:  # runs that stored a column as different types: read it as text
-        schema = _text_where_types_differ(fs, paths)
-    except pa.ArrowInvalid:  # a damaged file (a truncated copy, a full disk's): read the rest
-        readable = _readable(fs, paths)
-        if len(readable) == len(paths):
-            raise
-        return _read_table(readable, filter, columns_)
-    dataset = factory.finish(schema)
-    wanted = [c for c in columns_ if c in schema.names] if columns_ else None
-    try:
-        return dataset.to_table(columns=wanted, filter=filter)
-    except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError):
-        # a column Arrow cannot cast to the text it unified into (a list in one run's file,
-        # text in another's): file by file, that column spelled as text
-        return _read_file_by_file(fs, paths, schema, filter, wanted)
+        wanted = [c for c in columns_ if c in schema.names] if columns_ else None
+        return factory.finish(schema).to_table(columns=wanted, filter=filter)
+    except (pa.ArrowException, OSError, ValueError):
+        # a damaged file, a foreign one, types that do not unify or cast: file by file, each
+        # trouble named once (issue 63, item 2); a missing file goes up (a compaction's)
+        if not all(store.is_file(p) for p in paths):
+            raise FileNotFoundError(paths) from None
+        return _read_file_by_file(fs, paths, filter, columns_)
 
 
-def _read_file_by_file(fs: Any, paths: list[str], schema: pa.Schema,
-                       filter: ds.Expression | None, wanted: list[str] | None) -> pa.Table:
-    """Each file on its own, cast to the unified `schema`; a column that will not cast is
-    written out as text, value by value, with a warning naming the file: one file never makes
-    the whole history unreadable."""
-    parts = []
+def _read_file_by_file(fs: Any, paths: list[str], filter: ds.Expression | None,
+                       columns_: list[str] | None) -> pa.Table:
+    """Each file on its own: one that cannot be read, or names a column twice, is skipped;
+    the others are cast to one schema (`_unified`), a column that will not cast spelled as
+    text or left empty; each with a warning naming the file. One file never makes the whole
+    history unreadable."""
+    tables = []
     for p in paths:
-        table = pq.read_table(store.resolve(p)[1], filesystem=fs)
-        cells = {}
-        for f in schema:
-            if f.name not in table.column_names:
-                cells[f.name] = pa.nulls(len(table), f.type)
-                continue
-            try:
-                cells[f.name] = table[f.name].cast(f.type)
-            except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError):
-                text = pa.types.is_string(f.type)  # what unification makes of a clash
-                log.warning("history: %s holds %s as %s where other runs hold %s; %s", p,
-                            f.name, table[f.name].type, f.type,
-                            "read as text" if text else "left empty")
-                cells[f.name] = pa.array(
-                    [None if v is None else json.dumps(v, default=str)
-                     for v in table[f.name].to_pylist()], f.type) if text else pa.nulls(
-                    len(table), f.type)
-        parts.append(pa.table(cells, schema=schema))
-    out = pa.concat_tables(parts)
+        try:
+            table = pq.read_table(store.resolve(p)[1], filesystem=fs)
+        except (pa.ArrowException, OSError, ValueError) as e:
+            _warn(p, f"cannot be read ({_first_line(e)}): skipped; move it away to silence this")
+            continue
+        if len(set(table.column_names)) < len(table.column_names):
+            _warn(p, "names a column twice (not a file raybench wrote): skipped")
+            continue
+        tables.append((p, table))
+    schema = _unified([t.schema for _, t in tables])
+    parts = [_cast(p, table, schema) for p, table in tables]
+    out = pa.concat_tables(parts) if parts else schema.empty_table()
     if filter is not None:
-        out = out.filter(filter)
-    return out.select(wanted) if wanted is not None else out
+        try:
+            out = out.filter(filter)
+        except (pa.ArrowException, ValueError):  # a column the filter names is in no file
+            out = schema.empty_table()
+    if columns_:
+        return out.select([c for c in columns_ if c in schema.names])
+    return out
+
+
+def _unified(schemas: list[pa.Schema]) -> pa.Schema:
+    """One type a column: the files' types promoted into one where Arrow can; where it cannot,
+    a number where any file holds one (a metric is a number: another file's text is left
+    empty), else text."""
+    fields: dict[str, list[pa.DataType]] = {}
+    for sch in schemas:
+        for f in sch:
+            fields.setdefault(f.name, []).append(f.type)
+    out = []
+    for name, types in fields.items():
+        try:
+            merged = pa.unify_schemas([pa.schema([(name, t)]) for t in types],
+                                      promote_options="permissive").field(name)
+        except (pa.ArrowTypeError, pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            numeric = any(pa.types.is_floating(t) or pa.types.is_integer(t) for t in types)
+            merged = pa.field(name, pa.float64() if numeric else pa.string())
+        out.append(merged)
+    return pa.schema(out)
+
+
+def _cast(path: str, table: pa.Table, schema: pa.Schema) -> pa.Table:
+    cells = {}
+    for f in schema:
+        if f.name not in table.column_names:
+            cells[f.name] = pa.nulls(len(table), f.type)
+            continue
+        try:
+            cells[f.name] = table[f.name].cast(f.type)
+        except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError):
+            text = pa.types.is_string(f.type)
+            _warn(path, f"holds {f.name} as {table[f.name].type} where other runs hold "
+                  f"{f.type}: {'read as text' if text else 'left empty'}")
+            cells[f.name] = pa.array(
+                [None if v is None else json.dumps(v, default=str)
+                 for v in table[f.name].to_pylist()], f.type) if text else pa.nulls(
+                len(table), f.type)
+    return pa.table(cells, schema=schema)
 
 
 def _readable(fs: Any, paths: list[str]) -> list[str]:
@@ -187,27 +228,9 @@ def _readable(fs: Any, paths: list[str]) -> list[str]:
             pq.read_schema(store.resolve(p)[1], filesystem=fs)
             out.append(p)
         except (pa.ArrowException, OSError) as e:
-            log.warning("history: skipping %s, which cannot be read (%s); move it away to "
-                        "silence this", p, str(e).splitlines()[0][:200])
+            _warn(p, f"cannot be read ({_first_line(e)}): skipped; move it away to silence "
+                  "this")
     return out
-
-
-def _text_where_types_differ(fs: Any, paths: list[str]) -> pa.Schema:
-    """The files' unified schema, a column whose types cannot be promoted into one (a bool in
-    one run, text in another) as text: the dataset casts each file's column to it on read."""
-    fields: dict[str, list[pa.DataType]] = {}
-    for p in paths:
-        for f in pq.read_schema(store.resolve(p)[1], filesystem=fs):
-            fields.setdefault(f.name, []).append(f.type)
-    out = []
-    for name, types in fields.items():
-        try:
-            merged = pa.unify_schemas([pa.schema([(name, t)]) for t in types],
-                                      promote_options="permissive").field(name)
-        except (pa.ArrowTypeError, pa.ArrowInvalid):
-            merged = pa.field(name, pa.string())
-        out.append(merged)
-    return pa.schema(out)
 
 
 def compact(root: str | Path, at_least: int | None = None) -> str | None:
@@ -232,8 +255,7 @@ def compact(root: str | Path, at_least: int | None = None) -> str | None:
                        and p.stat().st_mtime < cutoff)
         if len(loose) < at_least:
             return None
-        # a damaged file stays where it is, for its owner to look at
-        loose = [Path(p) for p in _readable(store.resolve(hdir)[0], [str(p) for p in loose])]
+        loose = _foldable(loose)
         if len(loose) < at_least:
             return None
         loose = loose[:at_least]
@@ -276,9 +298,48 @@ def parquet_bytes(table: pa.Table) -> bytes:
 
 
 def _sources(segment: str) -> list[str]:
+    """The run files a segment took in: those it names whose run it holds rows of (a segment
+    that claimed another run's file hid that run), none where it cannot be read."""
     fs, path = store.resolve(segment)
-    meta = pq.read_schema(path, filesystem=fs).metadata or {}
-    return json.loads(meta.get(SOURCES_KEY, b"[]"))
+    try:
+        meta = pq.read_schema(path, filesystem=fs).metadata or {}
+        named = json.loads(meta.get(SOURCES_KEY, b"[]"))
+        runs = set(pq.read_table(path, columns=["run_id"], filesystem=fs)["run_id"].to_pylist())
+    except (pa.ArrowException, OSError, ValueError, KeyError) as e:
+        _warn(segment, f"cannot be read as a segment ({_first_line(e)}): its files are read "
+              "one by one; move it away to silence this")
+        return []
+    held = {_file_prefix(r) for r in runs}
+    out = [n for n in named if isinstance(n, str) and n.rsplit(".", 2)[0] in held]
+    if len(out) < len(named):
+        _warn(segment, f"names {len(named) - len(out)} run file(s) whose rows it does not "
+              "hold: those files are read as they are")
+    return out
+
+
+def _file_prefix(run_id: Any) -> str:
+    """The start of the name History gives a run's file."""
+    return str(run_id or "run").replace("/", "_")
+
+
+def _foldable(paths: list[Path]) -> list[Path]:
+    """The run files a compaction may fold and remove: whole, and raybench's own (its columns,
+    named after the run they hold). A damaged or foreign file stays where it is, for its
+    owner to look at."""
+    out = []
+    for p in paths:
+        try:
+            table = pq.read_table(p, columns=["run_id", "recorded_at"])
+        except (pa.ArrowException, OSError, ValueError, KeyError) as e:
+            _warn(str(p), f"cannot be folded ({_first_line(e)}): left where it is")
+            continue
+        if {_file_prefix(r) for r in table["run_id"].to_pylist()} == {p.name.rsplit(".", 2)[0]}:
+            out.append(p)
+    return out
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).splitlines() or [type(e).__name__])[0][:200]
 
 
 def no_history(root: str | Path) -> str:
