@@ -475,7 +475,7 @@ def test_a_port_that_answers_but_is_no_ray_is_named(capsys, monkeypatch):
     monkeypatch.setattr(command.cluster.ray, "is_initialized", lambda: False)
     monkeypatch.setattr(command.cluster.ray, "init", no_ray)
     with socket.create_server(("127.0.0.1", 0)) as server:
-        address = "127.0.0.1:%d" % server.getsockname()[1]
+        address = f"127.0.0.1:{server.getsockname()[1]}"
         assert command.main(["--address", address]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "the port accepts connections" in err and "Fix:" in err, err
