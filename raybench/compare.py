@@ -77,24 +77,8 @@ def compare_runs(base: pd.DataFrame, new: pd.DataFrame, threshold_pct: float = T
                        "trial_key in both). Fix: compare two runs of the same sweep file and "
                        "--set overrides")
     b, n = base.set_index("trial_key"), new.set_index("trial_key")
-    fp, cat = "system/fingerprint", "trial/category"
-    if not across_systems:
-        differ = _differing(b, n, common, fp)
-        if differ:
-            raise BadInput(f"{names[0]} and {names[1]} ran on different systems "
-                           f"({b.at[differ[0], 'system/accelerator']} against "
-                           f"{n.at[differ[0], 'system/accelerator']}; system/fingerprint "
-                           "differs). Fix: add --across-systems to compare two systems on "
-                           "purpose")
-    if not allow_quick:
-        mixed = _differing(b, n, common, cat)
-        if mixed:
-            raise BadInput(f"{names[0]} and {names[1]} mix a quick row with a canonical one "
-                           f"({b.at[mixed[0], cat]} against {n.at[mixed[0], cat]}, "
-                           f"configuration {mixed[0]}): a quick row's few or unsettled windows "
-                           "are not a baseline for a canonical one, nor the other way. Fix: "
-                           "rerun the quick one with measure.repeats of 5 or more, or add "
-                           "--allow-quick")
+    _refuse_unlike(b, n, common, names, across_systems, allow_quick)
+    cat = "trial/category"
     # once per run, not per configuration: 10,000 configurations took 274 s when each pass
     # read every column of the run and the whole history (issue 63, item 4)
     axes = grid_axes(new)
@@ -121,6 +105,26 @@ def compare_runs(base: pd.DataFrame, new: pd.DataFrame, threshold_pct: float = T
                     "software_change": fingerprint.software_changes(rb, rn),
                     "systems": [rb.get("system/accelerator"), rn.get("system/accelerator")]})
     return out
+
+
+def _refuse_unlike(b: pd.DataFrame, n: pd.DataFrame, common: list[str], names: tuple[str, str],
+                   across_systems: bool, allow_quick: bool) -> None:
+    """Two systems, or a quick row against a canonical one, only when asked for."""
+    fp, cat = "system/fingerprint", "trial/category"
+    differ = [] if across_systems else _differing(b, n, common, fp)
+    if differ:
+        raise BadInput(f"{names[0]} and {names[1]} ran on different systems "
+                       f"({b.at[differ[0], 'system/accelerator']} against "
+                       f"{n.at[differ[0], 'system/accelerator']}; system/fingerprint "
+                       "differs). Fix: add --across-systems to compare two systems on purpose")
+    mixed = [] if allow_quick else _differing(b, n, common, cat)
+    if mixed:
+        raise BadInput(f"{names[0]} and {names[1]} mix a quick row with a canonical one "
+                       f"({b.at[mixed[0], cat]} against {n.at[mixed[0], cat]}, "
+                       f"configuration {mixed[0]}): a quick row's few or unsettled windows "
+                       "are not a baseline for a canonical one, nor the other way. Fix: "
+                       "rerun the quick one with measure.repeats of 5 or more, or add "
+                       "--allow-quick")
 
 
 def _differing(b: pd.DataFrame, n: pd.DataFrame, keys: list[str], column: str) -> list[str]:
@@ -157,43 +161,6 @@ def table(results: list[dict[str, Any]]) -> str:
             + (f" ({r['reason']})" if present(r.get("reason")) else ""),
             r.get("software_change") if present(r.get("software_change")) else "-"]))
     return "\n".join(lines)
-
-
-PAGE_COLUMNS = ["config", "trial_key", "base", "new", "ratio", "ci95_low", "ci95_high", "p",
-                "threshold_pct", "threshold", "verdict", "windows_needed", "software_change"]
-
-
-def page(results: list[dict[str, Any]], title: str, header: list[str]) -> str:
-    """The comparison as a self-contained page in the report's style: the table, and each
-    configuration's ratio with its 95% interval against the threshold band."""
-    import plotly.graph_objects as go  # plotly (0.3 s): only for --html
-
-    from raybench.report import page as report_page  # plotly (0.3 s): only for --html
-
-    rows = [{**r, "ci95_low": (r.get("ratio_ci95") or [None, None])[0],
-             "ci95_high": (r.get("ratio_ci95") or [None, None])[1]} for r in results]
-    figs = []
-    drawn = [r for r in rows if present(r.get("ratio"))]
-    if drawn:
-        names = [str(r["config"] or r["trial_key"]) for r in drawn]
-        ratio = [r["ratio"] for r in drawn]
-        up = [(r["ci95_high"] - r["ratio"]) if present(r["ci95_high"]) else 0 for r in drawn]
-        down = [(r["ratio"] - r["ci95_low"]) if present(r["ci95_low"]) else 0 for r in drawn]
-        colour = {"slower": "#c62828", "faster": "#2e7d32", "unchanged": "#1565c0",
-                  "inconclusive": "#9e9e9e"}
-        fig = go.Figure(go.Scatter(
-            x=ratio, y=names, mode="markers", text=[r["verdict"] for r in drawn],
-            marker={"size": 11, "color": [colour[r["verdict"]] for r in drawn]},
-            error_x={"type": "data", "symmetric": False, "array": up, "arrayminus": down}))
-        t = max(float(r["threshold_pct"]) for r in drawn) / 100
-        fig.add_vrect(x0=1 - t, x1=1 + t, fillcolor="#1565c0", opacity=0.08, line_width=0)
-        fig.add_vline(x=1.0, line_dash="dot")
-        fig.update_layout(title="NEW / BASE throughput, 95% interval; band: the threshold",
-                          xaxis_title="ratio", height=max(300, 60 + 40 * len(drawn)))
-        figs.append(("ratios", fig))
-    model = {"title": title, "header": header, "table_title": "Configurations",
-             "columns": PAGE_COLUMNS, "rows": rows}
-    return report_page.render(model, figs)
 
 
 def _fmt(v: Any, digits: int = 1) -> str:
@@ -310,6 +277,8 @@ def _history_beside(run: Path) -> pd.DataFrame | None:
 def _write_page(path: str | None, results: list[dict[str, Any]], what: str) -> None:
     if not path:
         return
+    from raybench.report.comparison import page  # plotly (0.3 s): only for --html
+
     store.write_text(path, page(results, "raybench comparison", [
         what, f"exact two-sided Mann-Whitney U over the windows (below four a side: Welch's t "
         f"on their logs), p < {ALPHA:g}, and a change beyond the threshold: slower / faster; "

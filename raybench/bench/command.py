@@ -15,6 +15,7 @@ import argparse
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -34,6 +35,13 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                             help="override a dotted key (YAML), as for the sweep")
 
+    _sweep_commands(command, sweep_file)
+    _own_commands(command)
+    return p
+
+
+def _sweep_commands(command: Any, sweep_file: Any) -> None:
+    """The commands that take a sweep file."""
     run = command("run", "the sweep in this process: sweep --runner local")
     sweep_file(run)
     run.add_argument("--trials", metavar="I,J", help="trial indices to run (default: all)")
@@ -49,6 +57,10 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     fwd = command("forward-check", "a forward-only trial against torch.utils.benchmark")
     sweep_file(fwd)
     fwd.add_argument("--trials", metavar="I,J", help="trial indices (default: every forward-only)")
+
+
+def _own_commands(command: Any) -> None:
+    """The benchmarks of raybench's own parts, each with its knobs."""
     chips = command("chips", "Ray Data chipping against the reference's serial chipping")
     chips.add_argument("--data", default="results/chipbench_data", metavar="DIR",
                        help="scene root (generated there without labels)")
@@ -84,7 +96,6 @@ def _parser(prog: str) -> argparse.ArgumentParser:
                       help="earlier rows (default 100000)")
     hist.add_argument("--runs", type=int, default=1_000, metavar="N",
                       help="earlier runs holding them (default 1000)")
-    return p
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m raybench.bench") -> int:
@@ -106,31 +117,44 @@ def main(argv: list[str] | None = None, prog: str = "python -m raybench.bench") 
 
 
 def _command(args: argparse.Namespace) -> int:
-    if args.cmd == "history":
-        return _history(args)
-    if args.cmd == "compare":
-        from raybench.bench.comparison import benchmark as compare_costs  # scipy: only here
+    own = {"history": _history, "compare": _compare_costs, "verdicts": _verdict_rates,
+           "chips": _chips}
+    if args.cmd in own:
+        return own[args.cmd](args)
+    return _with_sweep(args)
 
-        sizes = [int(n) for n in args.configs.split(",")]
-        console.emit({"raybench_compare_bench": compare_costs(sizes, args.windows)})
-        return 0
-    if args.cmd == "verdicts":
-        from raybench.bench.verdicts import benchmark as verdict_rates  # scipy: only here
 
-        def values(text: str) -> list[float]:
-            return [float(x) for x in text.split(",")]
+def _compare_costs(args: argparse.Namespace) -> int:
+    from raybench.bench.comparison import benchmark  # scipy: only here
 
-        for line in verdict_rates([int(n) for n in values(args.windows)], values(args.cv_pct),
-                                  values(args.drift_pct), args.slowdown, args.draws):
-            console.emit({"raybench_verdicts_bench": line})
-        return 0
-    if args.cmd == "chips":
-        from raybench.bench.chips import compare  # rasterio (0.4 s): only for `bench chips`
+    sizes = [int(n) for n in args.configs.split(",")]
+    console.emit({"raybench_compare_bench": benchmark(sizes, args.windows)})
+    return 0
 
-        result = compare(Path(args.data), args.scenes, args.size, args.chip_size, args.cpus,
-                         args.seed, args.settle)
-        console.emit({"raybench_chips_bench": result})
-        return 0
+
+def _verdict_rates(args: argparse.Namespace) -> int:
+    from raybench.bench.verdicts import benchmark  # scipy: only here
+
+    def values(text: str) -> list[float]:
+        return [float(x) for x in text.split(",")]
+
+    for line in benchmark([int(n) for n in values(args.windows)], values(args.cv_pct),
+                          values(args.drift_pct), args.slowdown, args.draws):
+        console.emit({"raybench_verdicts_bench": line})
+    return 0
+
+
+def _chips(args: argparse.Namespace) -> int:
+    from raybench.bench.chips import compare  # rasterio (0.4 s): only for `bench chips`
+
+    result = compare(Path(args.data), args.scenes, args.size, args.chip_size, args.cpus,
+                     args.seed, args.settle)
+    console.emit({"raybench_chips_bench": result})
+    return 0
+
+
+def _with_sweep(args: argparse.Namespace) -> int:
+    """forward-check and overhead: a sweep file's trials."""
     loaded = cli.load(args.sweep, args.set)
     if loaded is None:
         return cli.EXIT_INVALID

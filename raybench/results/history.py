@@ -8,7 +8,8 @@ at once write different files and need no lock, and every file appears whole (a 
 object store's completed upload) or not at all. Reads list the `.parquet` files (a temporary
 of a killed writer is never one of them), unify their schemas (runs of different workloads
 have different columns) and push filters down to pyarrow.dataset. A `history.parquet` of
-raybench before this layout is read in place, as one more file, and never written.
+raybench before this layout is read in place, as one more file, and never written. Where the one
+dataset read fails (a damaged or foreign file), salvage.py reads the files one by one.
 
 CSV is an export (`python -m raybench.history ROOT --csv FILE`), not a second copy kept per
 row: rewriting a CSV of everything is the cost this layout removes, and CSV loses types.
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import fcntl
 import json
-import logging
 import sys
 import time
 import uuid
@@ -32,9 +32,8 @@ import pyarrow.parquet as pq
 
 from raybench import columns, console, store
 from raybench.records import now, uniform_cells
-from raybench.results import fingerprint
+from raybench.results import fingerprint, salvage
 
-log = logging.getLogger(__name__)
 DIRECTORY = "history"
 LEGACY = "history.parquet"  # the single table of raybench before 2026-11-25: read, not written
 STALE_TMP_S = 3600  # a temporary this old is a killed writer's (a write takes milliseconds)
@@ -98,16 +97,6 @@ def files(root: str | Path) -> list[str]:
     return out + [store.join(hdir, n) for n in names if n not in taken]
 
 
-def _warn(path: str, what: str) -> None:
-    """One warning a file and reason in a process: every reader of a root lists it again."""
-    if (path, what) not in _WARNED:
-        _WARNED.add((path, what))
-        log.warning("history: %s %s", path, what)
-
-
-_WARNED: set[tuple[str, str]] = set()
-
-
 def read(root: str | Path, filter: ds.Expression | None = None,
          columns_: list[str] | None = None) -> pd.DataFrame:
     """The history's rows (all, or those `filter` keeps), oldest first. An empty frame when
@@ -148,89 +137,7 @@ def _read_table(paths: list[str], filter: ds.Expression | None,
         # trouble named once (issue 63, item 2); a missing file goes up (a compaction's)
         if not all(store.is_file(p) for p in paths):
             raise FileNotFoundError(paths) from None
-        return _read_file_by_file(fs, paths, filter, columns_)
-
-
-def _read_file_by_file(fs: Any, paths: list[str], filter: ds.Expression | None,
-                       columns_: list[str] | None) -> pa.Table:
-    """Each file on its own: one that cannot be read, or names a column twice, is skipped;
-    the others are cast to one schema (`_unified`), a column that will not cast spelled as
-    text or left empty; each with a warning naming the file. One file never makes the whole
-    history unreadable."""
-    tables = []
-    for p in paths:
-        try:
-            table = pq.read_table(store.resolve(p)[1], filesystem=fs)
-        except (pa.ArrowException, OSError, ValueError) as e:
-            _warn(p, f"cannot be read ({_first_line(e)}): skipped; move it away to silence this")
-            continue
-        if len(set(table.column_names)) < len(table.column_names):
-            _warn(p, "names a column twice (not a file raybench wrote): skipped")
-            continue
-        tables.append((p, table))
-    schema = _unified([t.schema for _, t in tables])
-    parts = [_cast(p, table, schema) for p, table in tables]
-    out = pa.concat_tables(parts) if parts else schema.empty_table()
-    if filter is not None:
-        try:
-            out = out.filter(filter)
-        except (pa.ArrowException, ValueError):  # a column the filter names is in no file
-            out = schema.empty_table()
-    if columns_:
-        return out.select([c for c in columns_ if c in schema.names])
-    return out
-
-
-def _unified(schemas: list[pa.Schema]) -> pa.Schema:
-    """One type a column: the files' types promoted into one where Arrow can; where it cannot,
-    a number where any file holds one (a metric is a number: another file's text is left
-    empty), else text."""
-    fields: dict[str, list[pa.DataType]] = {}
-    for sch in schemas:
-        for f in sch:
-            fields.setdefault(f.name, []).append(f.type)
-    out = []
-    for name, types in fields.items():
-        try:
-            merged = pa.unify_schemas([pa.schema([(name, t)]) for t in types],
-                                      promote_options="permissive").field(name)
-        except (pa.ArrowTypeError, pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            numeric = any(pa.types.is_floating(t) or pa.types.is_integer(t) for t in types)
-            merged = pa.field(name, pa.float64() if numeric else pa.string())
-        out.append(merged)
-    return pa.schema(out)
-
-
-def _cast(path: str, table: pa.Table, schema: pa.Schema) -> pa.Table:
-    cells = {}
-    for f in schema:
-        if f.name not in table.column_names:
-            cells[f.name] = pa.nulls(len(table), f.type)
-            continue
-        try:
-            cells[f.name] = table[f.name].cast(f.type)
-        except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError):
-            text = pa.types.is_string(f.type)
-            _warn(path, f"holds {f.name} as {table[f.name].type} where other runs hold "
-                  f"{f.type}: {'read as text' if text else 'left empty'}")
-            cells[f.name] = pa.array(
-                [None if v is None else json.dumps(v, default=str)
-                 for v in table[f.name].to_pylist()], f.type) if text else pa.nulls(
-                len(table), f.type)
-    return pa.table(cells, schema=schema)
-
-
-def _readable(fs: Any, paths: list[str]) -> list[str]:
-    """The files whose Parquet footer reads; each other one is named in a warning."""
-    out = []
-    for p in paths:
-        try:
-            pq.read_schema(store.resolve(p)[1], filesystem=fs)
-            out.append(p)
-        except (pa.ArrowException, OSError) as e:
-            _warn(p, f"cannot be read ({_first_line(e)}): skipped; move it away to silence "
-                  "this")
-    return out
+        return salvage.read_file_by_file(fs, paths, filter, columns_)
 
 
 def compact(root: str | Path, at_least: int | None = None) -> str | None:
@@ -280,7 +187,7 @@ def units(root: str | Path) -> dict[str, dict[str, str]]:
     if not paths:
         return out
     fs, _ = store.resolve(paths[0])
-    for p in _readable(fs, paths):  # a damaged file named once, as every reader does
+    for p in salvage.readable(fs, paths):  # a damaged file named once, as every reader does
         out.update(columns.read_metadata(pq.read_schema(store.resolve(p)[1],
                                                         filesystem=fs).metadata))
     return out
@@ -306,13 +213,13 @@ def _sources(segment: str) -> list[str]:
         named = json.loads(meta.get(SOURCES_KEY, b"[]"))
         runs = set(pq.read_table(path, columns=["run_id"], filesystem=fs)["run_id"].to_pylist())
     except (pa.ArrowException, OSError, ValueError, KeyError) as e:
-        _warn(segment, f"cannot be read as a segment ({_first_line(e)}): its files are read "
-              "one by one; move it away to silence this")
+        salvage.warn(segment, f"cannot be read as a segment ({salvage.first_line(e)}): its "
+                     "files are read one by one; move it away to silence this")
         return []
     held = {_file_prefix(r) for r in runs}
     out = [n for n in named if isinstance(n, str) and n.rsplit(".", 2)[0] in held]
     if len(out) < len(named):
-        _warn(segment, f"names {len(named) - len(out)} run file(s) whose rows it does not "
+        salvage.warn(segment, f"names {len(named) - len(out)} run file(s) whose rows it does not "
               "hold: those files are read as they are")
     return out
 
@@ -331,15 +238,11 @@ def _foldable(paths: list[Path]) -> list[Path]:
         try:
             table = pq.read_table(p, columns=["run_id", "recorded_at"])
         except (pa.ArrowException, OSError, ValueError, KeyError) as e:
-            _warn(str(p), f"cannot be folded ({_first_line(e)}): left where it is")
+            salvage.warn(str(p), f"cannot be folded ({salvage.first_line(e)}): left where it is")
             continue
         if {_file_prefix(r) for r in table["run_id"].to_pylist()} == {p.name.rsplit(".", 2)[0]}:
             out.append(p)
     return out
-
-
-def _first_line(e: BaseException) -> str:
-    return (str(e).splitlines() or [type(e).__name__])[0][:200]
 
 
 def no_history(root: str | Path) -> str:

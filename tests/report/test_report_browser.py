@@ -54,15 +54,14 @@ def test_report_renders_in_chromium(tmp_path):
 
 
 def test_compare_page_renders_in_chromium(tmp_path):
-    from raybench import compare
-    from raybench.report import judge
+    from raybench.report import comparison, judge
 
     results = [{"trial_key": "a", "config": "batch_size=8", "base": 100.0, "new": 80.0,
                 **judge.decide([100.0, 101.0, 99.0, 100.5, 99.5], [80.0, 81.0, 79.0, 80.5])},
                {"trial_key": "b", "config": "batch_size=16", "base": 50.0, "new": 50.2,
                 **judge.decide([50.0, 50.1, 49.9, 50.0], [50.2, 50.1, 50.3, 50.2])}]
     page = tmp_path / "compare.html"
-    page.write_text(compare.page(results, "raybench comparison", ["a against b"]))
+    page.write_text(comparison.page(results, "raybench comparison", ["a against b"]))
     dom = run_chromium(tmp_path, "--enable-logging=stderr", "--v=0", "--dump-dom", page.as_uri())
     assert dom.returncode == 0, dom.stderr[-2000:]
     assert [line for line in dom.stderr.splitlines()
