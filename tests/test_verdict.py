@@ -150,6 +150,22 @@ def test_nccl_over_sockets_beside_an_rdma_device_fails_the_node():
     assert nodes["node 10.0.0.2"].level == "pass"  # no RDMA device: sockets are all it has
 
 
+def test_a_trial_that_never_started_is_no_traceback(tmp_path):
+    """An all-reduce trial whose workers did not start has no cluster/rank_nodes: read back
+    from Parquet (pandas 3) the cell stays missing through astype(str), and `ip in NaN` was
+    validate's TypeError traceback on a loaded machine."""
+    rows = pd.concat([probe_rows(["10.0.0.1", "10.0.0.2"], 1), pd.DataFrame([
+        {"status": "ok", "workload.name": "allreduce", "perf/headline_metric": None,
+         "cluster/rank_nodes": "10.0.0.1,10.0.0.2", "cluster/rank_gpus": "0,0",
+         "cluster/nccl_net": "Socket"},
+        {"status": "error", "workload.name": "allreduce", "perf/headline_metric": None,
+         "cluster/rank_nodes": None, "cluster/rank_gpus": None, "cluster/nccl_net": None}])])
+    rows.to_parquet(tmp_path / "rows.parquet")
+    facts = {"10.0.0.1": node(1), "10.0.0.2": node(1, rdma=())}
+    nodes = by_subject(judge(facts, pd.read_parquet(tmp_path / "rows.parquet"), Margins())[1])
+    assert nodes["node 10.0.0.1"].level == "fail" and nodes["node 10.0.0.2"].level == "pass"
+
+
 def test_a_node_with_another_driver_or_too_few_gpus_fails():
     facts = {"10.0.0.1": node(), "10.0.0.2": node(), "10.0.0.3": node(driver="550.54.15"),
              "10.0.0.4": node(3)}

@@ -328,6 +328,8 @@ def _nets_of(rows: pd.DataFrame, ip: str) -> list[str]:
     """The networks NCCL chose in the rows whose ranks spanned this node and another."""
     if rows.empty or "cluster/nccl_net" not in rows:
         return []
-    spans = rows["cluster/rank_nodes"].astype(str).str.split(",")
+    # a row whose trial never started has no nodes: pandas 3 keeps that cell missing through
+    # astype(str), and `ip in NaN` raised (validate's traceback under a loaded CI machine)
+    spans = rows["cluster/rank_nodes"].map(lambda x: x.split(",") if isinstance(x, str) else [])
     multi = spans.apply(lambda nodes: ip in nodes and len(set(nodes)) > 1)
     return [str(n) for n in rows.loc[multi, "cluster/nccl_net"].dropna()]

@@ -47,12 +47,23 @@ def validate(cluster, *args: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def validated(two_nodes, tmp_path_factory):
-    out = tmp_path_factory.mktemp("validate") / "run"
-    margins = out.parent / "margins.yaml"
-    margins.write_text(SHARED_CORES)
-    proc = validate(two_nodes, "--address", two_nodes.address, "--output", str(out),
-                    "--margins", str(margins))
-    return out, proc
+    """One validation; once more where a probe trial's workers did not start in time. That is
+    the CI machine's load, not validate's logic (seen in a clean clone's make test: a probe's
+    workers not started 60 s after its trial began, two cores shared with the other test
+    worker's sweeps), and validate reports it as it should; the test is of everything else."""
+    for attempt in range(2):
+        out = tmp_path_factory.mktemp("validate") / "run"
+        margins = out.parent / "margins.yaml"
+        margins.write_text(SHARED_CORES)
+        proc = validate(two_nodes, "--address", two_nodes.address, "--output", str(out),
+                        "--margins", str(margins))
+        unstarted = [e for t in out.glob("*/results.parquet")
+                     for e in pd.read_parquet(t).get("error", pd.Series(dtype=str)).dropna()
+                     if "did not start" in str(e)]
+        if not unstarted or attempt == 1:
+            return out, proc
+        print("validate again: a probe's workers did not start in time:", unstarted[0][:300])
+    raise AssertionError("unreachable")
 
 
 def test_validate_runs_the_suite_on_every_node_and_gives_a_verdict(validated):
@@ -65,7 +76,8 @@ def test_validate_runs_the_suite_on_every_node_and_gives_a_verdict(validated):
     subjects = {v["subject"] for v in report["devices"]}
     assert subjects == {f"{ip} CPU" for ip in NODES}  # a probe row from each node
     for v in report["devices"]:
-        assert v["figures"]["probe/matmul_tflops"] > 0 and v["figures"]["probe/copy_gb_s"] > 0
+        assert v["figures"].get("probe/matmul_tflops", 0) > 0, report["devices"]
+        assert v["figures"].get("probe/copy_gb_s", 0) > 0, report["devices"]
     page = (out / "validation.html").read_text()
     assert all(ip in page for ip in NODES) and "raybench validate" in page
     # the per-node probes: `concurrency: per_node`, each trial alone on its node, side by side
