@@ -203,8 +203,14 @@ def check_writable(loc: str) -> str | None:
         fs, path = resolve(probe)
         fs.delete_file(path)
     except (OSError, ValueError) as e:  # pyarrow raises OSError for network and auth errors
-        return str(e).splitlines()[0] if str(e) else type(e).__name__
+        return first_line(e, limit=None)
     return None
+
+
+def first_line(e: BaseException, limit: int | None = 200) -> str:
+    """An error's message in one line for a one-paragraph message (its class where it has
+    none), cut at `limit` characters."""
+    return (str(e).splitlines() or [type(e).__name__])[0][:limit]
 
 
 def gdal_settings() -> dict[str, str]:

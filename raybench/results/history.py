@@ -91,9 +91,10 @@ def files(root: str | Path) -> list[str]:
         return out
     names = [n for n, is_dir in store.list_dir(hdir) if not is_dir and n.endswith(".parquet")]
     taken: set[str] = set()
+    present = set(names)
     for n in names:
         if n.startswith(SEGMENT):
-            taken.update(_sources(store.join(hdir, n)))
+            taken.update(_sources(store.join(hdir, n), present))
     return out + [store.join(hdir, n) for n in names if n not in taken]
 
 
@@ -187,9 +188,8 @@ def units(root: str | Path) -> dict[str, dict[str, str]]:
     if not paths:
         return out
     fs, _ = store.resolve(paths[0])
-    for p in salvage.readable(fs, paths):  # a damaged file named once, as every reader does
-        out.update(columns.read_metadata(pq.read_schema(store.resolve(p)[1],
-                                                        filesystem=fs).metadata))
+    for _, schema in salvage.footers(fs, paths):  # a damaged file named, as by every reader
+        out.update(columns.read_metadata(schema.metadata))
     return out
 
 
@@ -204,23 +204,28 @@ def parquet_bytes(table: pa.Table) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def _sources(segment: str) -> list[str]:
-    """The run files a segment took in: those it names whose run it holds rows of (a segment
-    that claimed another run's file hid that run), none where it cannot be read."""
+def _sources(segment: str, present: set[str]) -> list[str]:
+    """The run files among `present` that a segment took in: those it names whose run it holds
+    rows of (a segment that claimed another run's file hid that run), none where it cannot be
+    read. Its runs are read only while a file it names is still there (between its write and
+    their removal, or a false claim): a read of the history lists every segment."""
     fs, path = store.resolve(segment)
     try:
         meta = pq.read_schema(path, filesystem=fs).metadata or {}
-        named = json.loads(meta.get(SOURCES_KEY, b"[]"))
+        named = [n for n in json.loads(meta.get(SOURCES_KEY, b"[]"))
+                 if isinstance(n, str) and n in present]
+        if not named:
+            return []
         runs = set(pq.read_table(path, columns=["run_id"], filesystem=fs)["run_id"].to_pylist())
     except (pa.ArrowException, OSError, ValueError, KeyError) as e:
-        salvage.warn(segment, f"cannot be read as a segment ({salvage.first_line(e)}): its "
+        salvage.warn(segment, f"cannot be read as a segment ({store.first_line(e)}): its "
                      "files are read one by one; move it away to silence this")
         return []
     held = {_file_prefix(r) for r in runs}
-    out = [n for n in named if isinstance(n, str) and n.rsplit(".", 2)[0] in held]
+    out = [n for n in named if n.rsplit(".", 2)[0] in held]
     if len(out) < len(named):
-        salvage.warn(segment, f"names {len(named) - len(out)} run file(s) whose rows it does not "
-              "hold: those files are read as they are")
+        salvage.warn(segment, f"names {len(named) - len(out)} run file(s) whose rows it does "
+                     "not hold: those files are read as they are")
     return out
 
 
@@ -238,7 +243,7 @@ def _foldable(paths: list[Path]) -> list[Path]:
         try:
             table = pq.read_table(p, columns=["run_id", "recorded_at"])
         except (pa.ArrowException, OSError, ValueError, KeyError) as e:
-            salvage.warn(str(p), f"cannot be folded ({salvage.first_line(e)}): left where it is")
+            salvage.warn(str(p), f"cannot be folded ({store.first_line(e)}): left where it is")
             continue
         if {_file_prefix(r) for r in table["run_id"].to_pylist()} == {p.name.rsplit(".", 2)[0]}:
             out.append(p)

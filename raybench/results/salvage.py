@@ -29,6 +29,8 @@ def warn(path: str, what: str) -> None:
 
 
 _WARNED: set[tuple[str, str]] = set()
+# what Arrow raises where types do not unify or a column does not cast to the unified type
+_TYPE_CLASH = (pa.ArrowTypeError, pa.ArrowInvalid, pa.ArrowNotImplementedError)
 
 
 def read_file_by_file(fs: Any, paths: list[str], filter: ds.Expression | None,
@@ -42,7 +44,8 @@ def read_file_by_file(fs: Any, paths: list[str], filter: ds.Expression | None,
         try:
             table = pq.read_table(store.resolve(p)[1], filesystem=fs)
         except (pa.ArrowException, OSError, ValueError) as e:
-            warn(p, f"cannot be read ({first_line(e)}): skipped; move it away to silence this")
+            warn(p, f"cannot be read ({store.first_line(e)}): skipped; move it away to "
+                 "silence this")
             continue
         if len(set(table.column_names)) < len(table.column_names):
             warn(p, "names a column twice (not a file raybench wrote): skipped")
@@ -74,7 +77,7 @@ def _unified(schemas: list[pa.Schema]) -> pa.Schema:
         try:
             merged = pa.unify_schemas([pa.schema([(name, t)]) for t in types],
                                       promote_options="permissive").field(name)
-        except (pa.ArrowTypeError, pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        except _TYPE_CLASH:
             numeric = any(pa.types.is_floating(t) or pa.types.is_integer(t) for t in types)
             merged = pa.field(name, pa.float64() if numeric else pa.string())
         out.append(merged)
@@ -89,7 +92,7 @@ def _cast(path: str, table: pa.Table, schema: pa.Schema) -> pa.Table:
             continue
         try:
             cells[f.name] = table[f.name].cast(f.type)
-        except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError):
+        except _TYPE_CLASH:
             text = pa.types.is_string(f.type)
             warn(path, f"holds {f.name} as {table[f.name].type} where other runs hold "
                   f"{f.type}: {'read as text' if text else 'left empty'}")
@@ -100,18 +103,14 @@ def _cast(path: str, table: pa.Table, schema: pa.Schema) -> pa.Table:
     return pa.table(cells, schema=schema)
 
 
-def readable(fs: Any, paths: list[str]) -> list[str]:
-    """The files whose Parquet footer reads; each other one is named in a warning."""
+def footers(fs: Any, paths: list[str]) -> list[tuple[str, pa.Schema]]:
+    """Each file's schema, read once, for the files whose Parquet footer reads; each other one
+    is named in a warning."""
     out = []
     for p in paths:
         try:
-            pq.read_schema(store.resolve(p)[1], filesystem=fs)
-            out.append(p)
+            out.append((p, pq.read_schema(store.resolve(p)[1], filesystem=fs)))
         except (pa.ArrowException, OSError) as e:
-            warn(p, f"cannot be read ({first_line(e)}): skipped; move it away to silence "
-                  "this")
+            warn(p, f"cannot be read ({store.first_line(e)}): skipped; move it away to silence "
+                 "this")
     return out
-
-
-def first_line(e: BaseException) -> str:
-    return (str(e).splitlines() or [type(e).__name__])[0][:200]

@@ -107,7 +107,7 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:  # another user's process: alive, and not ours to judge
-        return True
+        pass
     return True
 
 

@@ -31,6 +31,7 @@ import pandas as pd
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from raybench import store
 from raybench.columns import text
 from raybench.spec import parse_yaml
 from raybench.telemetry import POWER_CAP
@@ -85,7 +86,7 @@ def load_margins(path: str | Path | None) -> Margins:
     try:
         data = parse_yaml(Path(path).read_text(encoding="utf-8")) or {}
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-        raise MarginsError(f"{path}: cannot read the margins file ({str(e).splitlines()[0]}); "
+        raise MarginsError(f"{path}: cannot read the margins file ({store.first_line(e)}); "
                            "give a YAML mapping of margin: value") from None
     if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
         raise MarginsError(f"{path}: a margins file is a YAML mapping of margin: value, the "

@@ -14,6 +14,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from raybench import store
 from raybench.runners.on_ray import private as ray_private
 
 log = logging.getLogger(__name__)
@@ -132,7 +133,7 @@ def connect(address: str | None) -> bool:
             # another service on the port): Ray gave up after about 20 s here
             raise Unreachable(
                 f"no Ray cluster answers at {addr} (the port accepts connections, but Ray's "
-                f"handshake failed: {str(e).splitlines()[0][:160]}). Fix: give the head's GCS "
+                f"handshake failed: {store.first_line(e, 160)}). Fix: give the head's GCS "
                 "address as --address HOST:PORT (6379 by default; `ray status` on the head "
                 "prints it) or RAY_ADDRESS; without either, raybench starts its own Ray on "
                 "this machine") from e
