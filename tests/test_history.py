@@ -292,3 +292,29 @@ def test_every_reader_of_a_history_gets_past_every_kind_of_bad_file(tmp_path, ca
         assert bad[name].exists(), name  # a damaged file stays for its owner to look at
     assert {"r1", "r2", "r3"} <= set(history.read(tmp_path)["run_id"])
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_file_damaged_past_its_run_columns_is_not_folded_away(tmp_path, caplog):
+    """A run file whose run_id and recorded_at read but another column's pages do not: the
+    fold skipped its rows (read file by file) and then removed it with the files it folded,
+    its rows gone from the history. It stays where it is, named."""
+    for run in ("a", "b", "c"):
+        History(tmp_path, "v").append(row(run_id=run, trial_key="k",
+                                          **{"workload.note": "x" * 500}))
+    damaged = sorted((tmp_path / history.DIRECTORY).glob("b.*.parquet"))[0]
+    meta = pq.ParquetFile(damaged).metadata
+    names = [meta.schema.column(i).name for i in range(meta.num_columns)]
+    chunk = meta.row_group(0).column(names.index("workload.note"))
+    start = chunk.dictionary_page_offset if chunk.has_dictionary_page else \
+        chunk.data_page_offset
+    data = bytearray(damaged.read_bytes())
+    for i in range(start, start + chunk.total_compressed_size):
+        data[i] ^= 0x5A
+    damaged.write_bytes(bytes(data))
+    assert len(pq.read_table(damaged, columns=["run_id", "recorded_at"])) == 1
+    past = time.time() - 2 * history.ACTIVE_S
+    for f in (tmp_path / history.DIRECTORY).glob("*.parquet"):
+        os.utime(f, (past, past))
+    assert history.compact(tmp_path, at_least=2)
+    assert damaged.exists() and damaged.name in caplog.text
+    assert sorted(history.read(tmp_path)["run_id"]) == ["a", "c"]

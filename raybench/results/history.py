@@ -240,10 +240,15 @@ def _foldable(paths: list[Path]) -> list[Path]:
     owner to look at."""
     out = []
     for p in paths:
-        try:
-            table = pq.read_table(p, columns=["run_id", "recorded_at"])
-        except (pa.ArrowException, OSError, ValueError, KeyError) as e:
+        try:  # every column: one whose pages do not read would be skipped by the fold, and
+            # its file removed with the others (its rows gone)
+            table = pq.read_table(p)
+        except (pa.ArrowException, OSError, ValueError) as e:
             salvage.warn(str(p), f"cannot be folded ({store.first_line(e)}): left where it is")
+            continue
+        if not {"run_id", "recorded_at"} <= set(table.column_names):
+            salvage.warn(str(p), "cannot be folded (no run_id or recorded_at: not a run file "
+                         "raybench wrote): left where it is")
             continue
         if {_file_prefix(r) for r in table["run_id"].to_pylist()} == {p.name.rsplit(".", 2)[0]}:
             out.append(p)
