@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 from pydantic import Field
 
@@ -38,8 +39,16 @@ class Membw(Probe):
         n = self.floats_in(self.params.size_mb)
         # written once so that every page is backed before the timing (a first touch would be
         # the OS's work, not the memory's)
-        self.src = torch.ones(n, dtype=torch.float32, device=self.ctx.device)
-        self.dst = torch.zeros_like(self.src)
+        if self.ctx.device.type == "cpu":
+            # From numpy, which asks Linux for transparent huge pages on arrays of 4 MiB and more
+            # (madvise; torch's CPU allocator does not): on 4 KiB pages a copy also measures its
+            # page walks. Here, one thread, 128 MiB: torch's copy 15.9-17.5 GB/s on its own
+            # pages, 18.6-19.3 on numpy's (docs/journal/2026-11.md, 2026-11-28).
+            self.src = torch.from_numpy(np.full(n, 1.0, dtype=np.float32))
+            self.dst = torch.from_numpy(np.full(n, 0.0, dtype=np.float32))
+        else:
+            self.src = torch.ones(n, dtype=torch.float32, device=self.ctx.device)
+            self.dst = torch.zeros_like(self.src)
 
     def step(self, batch: Any) -> torch.Tensor | None:
         for _ in range(self.params.batch_size):
