@@ -27,13 +27,33 @@ LOST_NAMES = {"ActorDiedError", "RayActorError", "ActorUnavailableError", "Worke
               "NodeDiedError", "WorkerHealthCheckFailedError", "WorkerGroupStartupFailedError"}
 
 
+class Infeasible(RuntimeError):
+    """Raised by a trial that cannot run on what it was given (a GPU feature, a package it
+    lacks): an `infeasible` row with this message, not an error."""
+
+
 def failure(exc: BaseException, resources: dict[str, Any] | None = None) -> TrialOutcome:
     text = _describe(exc)
     status = classify(exc, text)
-    if status == "infeasible":
+    why = _infeasible(exc, text)
+    if why:
+        status, text = "infeasible", why
+    elif status == "infeasible":
         text = f"worker group could not be placed (wanted {resources}): {text}"
     log.warning("trial failed (%s): %s", status, text.splitlines()[0] if text else "")
     return TrialOutcome.failed(status, text[-4000:])
+
+
+def _infeasible(exc: BaseException, text: str) -> str | None:
+    """The message of an Infeasible raised by the trial, here or in a Ray worker (where only
+    its name and message may survive the trip)."""
+    for e in _chain(exc):
+        if isinstance(e, Infeasible):
+            return str(e)
+    for line in text.splitlines():
+        if line.startswith("Infeasible: ") or ".Infeasible: " in line:
+            return line.split("Infeasible: ", 1)[1]
+    return None
 
 
 def classify(exc: BaseException, text: str) -> str:

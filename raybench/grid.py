@@ -200,8 +200,9 @@ def _resolve(spec: SweepSpec, index: int, overrides: dict[str, Any]) -> TrialSpe
                                                             resolved["hardware"])
     if problem:
         where = f" in grid combination {overrides}" if overrides else ""
-        raise SpecError(spec.source, problem[0] + where, None, problem[1],
-                        f"remove {problem[0]} for workload {spec.workload_name}")
+        fix = problem[2] if len(problem) > 2 else (
+            f"remove {problem[0]} for workload {spec.workload_name}")
+        raise SpecError(spec.source, problem[0] + where, None, problem[1], fix)
     if resolved.get("inference") is not None:
         check_graphs(spec.workload_name, resolved["hardware"], resolved["inference"],
                      spec.source, f" in grid combination {overrides}" if overrides else "")

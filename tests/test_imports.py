@@ -183,8 +183,12 @@ def core_names_of_workloads(root: Path) -> list[str]:
     (`"workload.tile"`, `trial.workload.mode`, `p.prompt_tokens` after `p = trial.workload`) or
     a column a workload declares (`"train/pixels_per_s"`): each `path:line: what`."""
     fields, metrics = _workload_names()
-    core = [p for p in sorted(root.rglob("*.py")) if (p.parent.name != "workloads"
-            or p.name == "__init__.py") and p.relative_to(root).as_posix() not in MIRRORS]
+    def own(rel: str) -> bool:  # a workload's own file, or a file of its own folder
+        return rel.startswith("workloads/") and rel != "workloads/__init__.py"
+
+    core = [p for p in sorted(root.rglob("*.py"))
+            if not own(p.relative_to(root).as_posix())
+            and p.relative_to(root).as_posix() not in MIRRORS]
     found = []
     for path in core:
         tree = ast.parse(path.read_text(), str(path))

@@ -193,10 +193,11 @@ class Workload(ABC):
 
     @classmethod
     def unsupported(cls, params: WorkloadParams, hardware: HardwareSpec
-                    ) -> tuple[str, str] | None:
-        """(field, why) where these hardware settings cannot apply to this workload: an input
-        error at expansion. By default it does not accumulate gradients; a workload whose step
-        runs `ctx.micro_batches` says so by returning None for it."""
+                    ) -> tuple[str, ...] | None:
+        """(field, why) or (field, why, fix) where these settings cannot apply to this
+        workload: an input error at expansion (the fix by default: remove the field). By
+        default it does not accumulate gradients; a workload whose step runs
+        `ctx.micro_batches` says so by returning None for it."""
         if hardware.grad_accum_steps > 1:
             return "hardware.grad_accum_steps", f"{cls.name} does not accumulate gradients"
         return None

@@ -1,0 +1,343 @@
+"""Llama-3 training at real shape: transformers' `LlamaForCausalLM`, random weights, laid out over
+the trial's ranks by FSDP2 / HSDP / DDP and tensor parallel (layout.py), on a seeded token
+stream it can learn; tokens/s per GPU and MFU by torchtitan's count.
+
+Owns the presets (the published configs of Llama-3.2-1B/3B and Llama-3.1-8B/70B, and `tiny` for
+CPU), the token stream, the step (micro-batches, gradient sync on the last only, AdamW) and the
+FLOPs per token. A sample is one sequence of `seq_len` tokens; `batch_size` sequences per
+data-parallel rank per micro-batch. The ranks of one TP group train the same sequences, so each
+counts its share of them (`samples_per_step`): summed over ranks, the global batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, Field, model_validator
+
+from raybench.columns import Metric
+from raybench.records import RankRecord
+from raybench.sections import STRICT
+from raybench.workloads import Workload, WorkloadParams, register
+from raybench.workloads.llama import layout
+
+# Published configs (transformers' config.json of each model on the Hugging Face hub); rope:
+# the "llama3" frequency scaling of Llama-3.1 and 3.2. seq_len: the default when a sweep sets
+# none (torchtitan's and MLPerf's training length for the real ones).
+_LLAMA31_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                 "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                 "original_max_position_embeddings": 8192}
+_LLAMA32_ROPE = {**_LLAMA31_ROPE, "factor": 32.0}
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": dict(layers=2, hidden=64, ffn=192, heads=4, kv_heads=2, vocab=512,
+                 max_positions=1024, tie_embeddings=False, seq_len=128,
+                 rope={"rope_type": "default", "rope_theta": 10000.0}),
+    "llama3.2-1b": dict(layers=16, hidden=2048, ffn=8192, heads=32, kv_heads=8, vocab=128256,
+                        max_positions=131072, tie_embeddings=True, seq_len=8192,
+                        rope=_LLAMA32_ROPE),
+    "llama3.2-3b": dict(layers=28, hidden=3072, ffn=8192, heads=24, kv_heads=8, vocab=128256,
+                        max_positions=131072, tie_embeddings=True, seq_len=8192,
+                        rope=_LLAMA32_ROPE),
+    "llama3.1-8b": dict(layers=32, hidden=4096, ffn=14336, heads=32, kv_heads=8, vocab=128256,
+                        max_positions=131072, tie_embeddings=False, seq_len=8192,
+                        rope=_LLAMA31_ROPE),
+    "llama3.1-70b": dict(layers=80, hidden=8192, ffn=28672, heads=64, kv_heads=8, vocab=128256,
+                         max_positions=131072, tie_embeddings=False, seq_len=8192,
+                         rope=_LLAMA31_ROPE),
+}
+Preset = Literal["tiny", "llama3.2-1b", "llama3.2-3b", "llama3.1-8b", "llama3.1-70b"]
+
+
+class Parallel(BaseModel):
+    """dp_replicate x dp_shard x tp = the trial's ranks (torchtitan's degrees)."""
+
+    model_config = STRICT
+    dp_shard: int = Field(-1, ge=-1, description="ranks that shard the weights, gradients "
+                          "and optimizer state (FSDP2); -1: the ranks the others leave")
+    dp_replicate: int = Field(1, ge=1, description="replicas of the (sharded) model: DDP where "
+                              "dp_shard and tp are 1, HSDP with dp_shard")
+    tp: int = Field(1, ge=1, description="tensor-parallel ranks (attention heads and MLP "
+                    "split, sequence-parallel norms); must divide heads and kv_heads")
+
+    @model_validator(mode="after")
+    def _not_zero(self) -> Parallel:
+        if self.dp_shard == 0:
+            raise ValueError("dp_shard 0 shards over no rank: use 1 (no sharding) or -1 (the "
+                             "ranks dp_replicate and tp leave)")
+        return self
+
+
+class LlamaParams(WorkloadParams):
+    batch_size: int = Field(1, ge=1, description="sequences per data-parallel rank per "
+                            "micro-batch (the ranks of one TP group share them)")
+    preset: Preset = "tiny"
+    # each None: the preset's
+    layers: int | None = Field(None, ge=1)
+    hidden: int | None = Field(None, ge=8, description="model width")
+    ffn: int | None = Field(None, ge=8, description="the MLP's hidden width (SwiGLU)")
+    heads: int | None = Field(None, ge=1, description="attention (query) heads")
+    kv_heads: int | None = Field(None, ge=1, description="key-value heads (grouped-query "
+                                 "attention); must divide heads")
+    vocab: int | None = Field(None, ge=16)
+    max_positions: int | None = Field(None, ge=1, description="the longest sequence RoPE is "
+                                      "set up for")
+    tie_embeddings: bool | None = None
+    rope_theta: float | None = Field(None, gt=0)
+    seq_len: int | None = Field(None, ge=2, description="tokens per sequence")
+    parallel: Parallel = Field(default_factory=lambda: Parallel(), description="the layout "
+                               "over the trial's ranks; a grid axis of mappings sweeps layouts")
+    reshard_after_forward: bool = Field(True, description="FSDP2 frees each block's gathered "
+                                        "weights after its forward (gathered again for "
+                                        "backward); false keeps them, trading memory for "
+                                        "communication")
+    activation_checkpoint: Literal["none", "selective", "full"] = "none"
+    fp8: bool = Field(False, description="torchao float8 training of the linear layers (GPUs "
+                      "of compute capability 8.9+ with torchao installed; else infeasible)")
+    lr: float = Field(8e-4, gt=0, description="AdamW's learning rate (torchtitan's Llama-3 "
+                      "default; betas 0.9/0.95, weight decay 0.1)")
+
+    def shape(self) -> dict[str, Any]:
+        """The preset with this trial's overrides."""
+        out = dict(PRESETS[self.preset])
+        for key in ("layers", "hidden", "ffn", "heads", "kv_heads", "vocab", "max_positions",
+                    "tie_embeddings", "seq_len"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        if self.rope_theta is not None:
+            out["rope"] = {**out["rope"], "rope_theta": self.rope_theta}
+        return out
+
+
+def flops_per_token(shape: dict[str, Any]) -> float:
+    """torchtitan's count (PaLM, appendix B) of one trained token: 6 x the weights every token
+    multiplies (all but the input embedding; the head counted even where it shares the
+    embedding's weights) + 12 x layers x heads x head dim x sequence (attention's two matmuls,
+    forward and backward, no discount for the causal mask); norms and recomputation not
+    counted."""
+    h, layers, heads = shape["hidden"], shape["layers"], shape["heads"]
+    head_dim = h // heads
+    kv = shape["kv_heads"] * head_dim
+    block = h * h * 2 + h * kv * 2 + 3 * h * shape["ffn"] + 2 * h  # q,o + k,v + MLP + norms
+    matmul_weights = layers * block + h + h * shape["vocab"]  # + final norm + head
+    return 6.0 * matmul_weights + 12.0 * layers * heads * head_dim * shape["seq_len"]
+
+
+def param_count(shape: dict[str, Any]) -> int:
+    """Every parameter of the model (the tied head counted once)."""
+    h, kv = shape["hidden"], shape["kv_heads"] * (shape["hidden"] // shape["heads"])
+    block = h * h * 2 + h * kv * 2 + 3 * h * shape["ffn"] + 2 * h
+    head = 0 if shape["tie_embeddings"] else h * shape["vocab"]
+    return shape["layers"] * block + h + h * shape["vocab"] + head
+
+
+@register
+class Llama(Workload):
+    name = "llama"
+    Params = LlamaParams
+    params: LlamaParams
+
+    def setup(self) -> None:
+        p, ctx = self.params, self.ctx
+        self.shape = p.shape()
+        self.degrees = layout.degrees(p.parallel, ctx.world_size)
+        d = self.degrees
+        bf16 = ctx.hardware.precision == "bf16"
+        torch.manual_seed(p.seed)
+        with torch.device("meta"):
+            model = _build(self.shape)
+        if p.fp8:
+            layout.float8(model, ctx.device, d.tp)
+        mesh = layout.build_mesh(ctx.device.type, d) if ctx.world_size > 1 else None
+        if d.tp > 1:
+            layout.apply_tp(model, mesh["tp"])
+        layout.apply_ac(model, p.activation_checkpoint)
+        if ctx.hardware.compile:
+            for block in model.model.layers:
+                block.compile()  # per block, as torchtitan: one graph reused by every block
+        self.fsdp = d.fsdp
+        if self.fsdp:
+            dp_mesh = (mesh["dp_replicate", "dp_shard"] if d.dp_replicate > 1
+                       else mesh["dp_shard"])
+            layout.apply_fsdp(model, dp_mesh, bf16, p.reshard_after_forward)
+        layout.materialize(model, ctx.device, p.seed, std=0.02)
+        self._model = model
+        self.local_params = layout.local_params(model)
+        self.net: torch.nn.Module = model
+        if d.kind == "ddp" and not d.fsdp:
+            ids = [ctx.device.index] if ctx.is_cuda else None
+            self.net = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+        # FSDP2 computes in bf16 itself; every other layout keeps fp32 weights under autocast
+        self._autocast = ctx.autocast if not self.fsdp else contextlib.nullcontext
+        self.opt = torch.optim.AdamW(model.parameters(), lr=p.lr, betas=(0.9, 0.95),
+                                     weight_decay=0.1, foreach=True)
+        self._positions = torch.arange(self.shape["seq_len"], device=ctx.device)[None]
+        self._losses: list[torch.Tensor] = []
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self._model
+
+    def batches(self) -> Iterator[Any]:
+        """The seeded stream: each sequence starts at a random token and follows one fixed rule,
+        token t+1 = (A x token t + C) mod vocab (a bijection, A being coprime with every
+        preset's vocabulary), learnable from the first step; closed-form, so a step's tokens
+        cost the host one vectorised expression. Step n's global batch is the same whatever
+        the layout; this rank takes its data-parallel rank's rows of it."""
+        p, shape = self.params, self.shape
+        n_micro = self.ctx.hardware.grad_accum_steps
+        vocab, seq = shape["vocab"], shape["seq_len"]
+        scale, shift = _walk(vocab, seq + 1)
+        rows = p.batch_size * n_micro
+        first = self.degrees.dp_rank(self.ctx.rank) * rows
+        step = 0
+        while True:
+            g = torch.Generator().manual_seed(p.seed * 1_000_003 + step)
+            start = torch.randint(0, vocab, (rows * self.degrees.dp, 1), generator=g)
+            tokens = (start[first:first + rows] * scale + shift) % vocab
+            yield tokens.view(n_micro, p.batch_size, seq + 1)
+            step += 1
+
+    def to_device(self, batch: torch.Tensor) -> torch.Tensor:
+        return batch.to(self.ctx.device, non_blocking=True)
+
+    def step(self, batch: torch.Tensor) -> torch.Tensor:
+        n_micro = batch.shape[0]
+        total = torch.zeros((), device=self.ctx.device)
+        for i in range(n_micro):
+            last = i == n_micro - 1
+            if self.fsdp:  # gradients reduced after the last micro-batch only
+                self._model.set_requires_gradient_sync(last)
+            sync = (self.net.no_sync() if not last and hasattr(self.net, "no_sync")
+                    else contextlib.nullcontext())
+            with sync, self._autocast():
+                logits = self.net(input_ids=batch[i, :, :-1], position_ids=self._positions,
+                                  use_cache=False).logits
+                loss = F.cross_entropy(logits.float().flatten(0, 1),
+                                       batch[i, :, 1:].flatten()) / n_micro
+            loss.backward()
+            total += loss.detach()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        if len(self._losses) < 1000:
+            self._losses.append(total)
+        return total
+
+    def samples_per_step(self) -> float:  # type: ignore[override]
+        """This rank's share of the sequences of an optimizer step: its TP group's, split
+        among the group's ranks, so that the ranks' sum is the global batch."""
+        return self.params.batch_size * self.ctx.hardware.grad_accum_steps / self.degrees.tp
+
+    def flops_per_sample(self) -> float:
+        return flops_per_token(self.shape) * self.shape["seq_len"]
+
+    def describe(self) -> dict[str, Any]:
+        d = self.degrees
+        return {"seq_len": self.shape["seq_len"], "layout": d.name(), "dp_shard": d.dp_shard,
+                "dp_replicate": d.dp_replicate, "tp": d.tp, "params": param_count(self.shape),
+                "local_params": self.local_params,
+                "flops_per_token": flops_per_token(self.shape),
+                "losses": [float(x) for x in self._losses]}
+
+    @classmethod
+    def unsupported(cls, params: LlamaParams, hardware: Any) -> tuple[str, ...] | None:
+        """The layouts, shapes and precisions that cannot train: (key, why, fix)."""
+        shape, world = params.shape(), hardware.world_size
+        try:
+            d = layout.degrees(params.parallel, world)
+        except ValueError as e:
+            return ("workload.parallel", str(e), "make dp_replicate x dp_shard x tp the "
+                    f"trial's {world} ranks (dp_shard: -1 takes what the others leave)")
+        for key in ("heads", "kv_heads"):
+            if shape[key] % d.tp:
+                return ("workload.parallel.tp", f"tp {d.tp} does not divide the "
+                        f"{shape[key]} {key} of {params.preset}", "choose a tp that divides "
+                        f"heads ({shape['heads']}) and kv_heads ({shape['kv_heads']})")
+        if shape["heads"] % shape["kv_heads"] or shape["hidden"] % shape["heads"]:
+            return ("workload.kv_heads", f"heads {shape['heads']} must be a multiple of "
+                    f"kv_heads {shape['kv_heads']} and divide hidden {shape['hidden']}",
+                    "change heads, kv_heads or hidden")
+        if shape["seq_len"] > shape["max_positions"]:
+            return ("workload.seq_len", f"seq_len {shape['seq_len']} is longer than the "
+                    f"{shape['max_positions']} positions of {params.preset}",
+                    "shorten seq_len or raise max_positions")
+        if shape["seq_len"] % d.tp:
+            return ("workload.seq_len", f"sequence parallel splits seq_len {shape['seq_len']} "
+                    f"over {d.tp} TP ranks", "make seq_len a multiple of tp")
+        if shape["tie_embeddings"] and d.tp > 1:
+            return ("workload.tie_embeddings", f"{params.preset} ties its head to its "
+                    "embedding, which tensor parallel would split two ways",
+                    "set tie_embeddings: false (the head then has weights of its own) or tp: 1")
+        if hardware.precision == "amp_fp16":
+            return ("hardware.precision", "llama trains in bf16 (FSDP2's mixed precision, or "
+                    "autocast) or in fp32/tf32; fp16 would need loss scaling",
+                    "use precision: bf16")
+        return None
+
+    columns = (
+        Metric("llm/tokens_per_s", "tokens/s", "tokens trained per second over every rank "
+               "(global batch x seq_len over the step time)"),
+        Metric("llm/tokens_per_s_per_gpu", "tokens/s", "llm/tokens_per_s over the trial's "
+               "GPUs (its ranks on CPU): the figure torchtitan and Megatron publish"),
+        Metric("llm/seq_len", "count", "tokens per sequence"),
+        Metric("llm/layout", "text", "data and tensor parallelism: single, ddp, fsdp2 or hsdp, "
+               "+tpN"),
+        Metric("llm/params_m", "M", "the model's parameters, millions (a tied head once)"),
+        Metric("llm/params_per_rank_m", "M", "parameters held by the rank holding most "
+               "(its shards): FSDP2 about params / dp_shard / tp"),
+        Metric("llm/gflops_per_token", "GFLOP", "torchtitan's count per trained token: "
+               "6 x (weights but the input embedding) + 12 x layers x heads x head_dim x "
+               "seq_len"),
+        Metric("llm/loss_first", "score", "rank 0's cross-entropy (nats) at the first step "
+               "run (warmup included)"),
+        Metric("llm/loss_last", "score", "rank 0's loss at the last step run"),
+        Metric("llm/loss_curve", "score", "rank 0's loss at every step run, in order (up to "
+               "1,000)"),
+    )
+
+    @classmethod
+    def row_metrics(cls, records: list[RankRecord], row: dict[str, Any]) -> dict[str, Any]:
+        first = records[0].describe
+        seq = first["seq_len"]
+        tokens = row["train/samples_per_s"] * seq
+        gpus = len(records) / max(1, records[0].ranks_per_gpu)
+        losses = first.get("losses") or []
+        return {"llm/tokens_per_s": tokens, "llm/tokens_per_s_per_gpu": tokens / gpus,
+                "llm/seq_len": seq, "llm/layout": first["layout"],
+                "llm/params_m": first["params"] / 1e6,
+                "llm/params_per_rank_m": max(r.describe["local_params"] for r in records) / 1e6,
+                "llm/gflops_per_token": first["flops_per_token"] / 1e9,
+                "llm/loss_first": losses[0] if losses else None,
+                "llm/loss_last": losses[-1] if losses else None,
+                "llm/loss_curve": losses}
+
+
+_A, _C = 48271, 12345  # A: a prime dividing no preset's vocabulary (2^8 x 3 x 167, 2^9)
+
+
+def _walk(vocab: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(A^i, C x (A^0 + ... + A^(i-1))) mod vocab for i < n: token i = (A^i x token 0 + the
+    second) mod vocab."""
+    scale, shift = [1], [0]
+    for _ in range(n - 1):
+        scale.append(scale[-1] * _A % vocab)
+        shift.append((shift[-1] * _A + _C) % vocab)
+    return torch.tensor(scale)[None], torch.tensor(shift)[None]
+
+
+def _build(shape: dict[str, Any]) -> torch.nn.Module:
+    # transformers: seconds to import, and only a rank building the model needs it (expansion,
+    # --dry-run and the report do not)
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=shape["vocab"], hidden_size=shape["hidden"],
+        intermediate_size=shape["ffn"], num_hidden_layers=shape["layers"],
+        num_attention_heads=shape["heads"], num_key_value_heads=shape["kv_heads"],
+        max_position_embeddings=shape["max_positions"], rope_parameters=dict(shape["rope"]),
+        tie_word_embeddings=shape["tie_embeddings"], rms_norm_eps=1e-5, use_cache=False,
+        attn_implementation="sdpa")
+    return LlamaForCausalLM(config)
