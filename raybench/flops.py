@@ -25,26 +25,42 @@ if TYPE_CHECKING:
 # Dense (no sparsity) peak TFLOP/s per GPU by precision, from NVIDIA's datasheets, which quote
 # tensor-core figures "with sparsity": the dense figure is half of it. "fp32" is plain FP32 on the
 # CUDA cores (raybench turns TF32 off for it, see context.set_math_mode), "tf32" the TF32 tensor
-# cores, amp_fp16 and bf16 the FP16/BF16 tensor cores.
+# cores, amp_fp16 and bf16 the FP16/BF16 tensor cores, "fp8" the FP8 tensor cores (a trial's
+# fp8 matmuls, `workload.fp8` of the llama workload; not a `hardware.precision`). Clock
+# convention: every datasheet figure is at the GPU's maximum boost clock; a GPU its power or
+# thermal limit holds below that reads a lower MFU than its silicon at full clock (the report's
+# SM clock column shows it; GB200's MFU moves by about 12% with the clock assumed).
 PEAK_TFLOPS: dict[str, dict[str, float]] = {
     # A100 Tensor Core GPU datasheet (SXM and PCIe alike): FP32 19.5, TF32 156, BF16/FP16 312.
     "A100": {"fp32": 19.5, "tf32": 156.0, "amp_fp16": 312.0, "bf16": 312.0},
     # H100 Tensor Core GPU datasheet, H100 SXM column: FP32 67, TF32 989*, BF16/FP16 1,979*
     # (* with sparsity). The SXM part names itself "NVIDIA H100 80GB HBM3".
-    "H100 80GB HBM3": {"fp32": 67.0, "tf32": 494.5, "amp_fp16": 989.5, "bf16": 989.5},
-    "H100 SXM": {"fp32": 67.0, "tf32": 494.5, "amp_fp16": 989.5, "bf16": 989.5},
-    # Same datasheet, H100 PCIe column: FP32 51, TF32 756*, BF16/FP16 1,513*.
-    "H100 PCIe": {"fp32": 51.0, "tf32": 378.0, "amp_fp16": 756.5, "bf16": 756.5},
-    # Same datasheet, H100 NVL column (per GPU): FP32 60, TF32 835*, BF16/FP16 1,671*.
-    "H100 NVL": {"fp32": 60.0, "tf32": 417.5, "amp_fp16": 835.5, "bf16": 835.5},
-    # H200 Tensor Core GPU datasheet, H200 SXM column: FP32 67, TF32 989*, BF16/FP16 1,979*.
-    "H200": {"fp32": 67.0, "tf32": 494.5, "amp_fp16": 989.5, "bf16": 989.5},
+    # FP8 3,958*.
+    "H100 80GB HBM3": {"fp32": 67.0, "tf32": 494.5, "amp_fp16": 989.5, "bf16": 989.5,
+                       "fp8": 1979.0},
+    "H100 SXM": {"fp32": 67.0, "tf32": 494.5, "amp_fp16": 989.5, "bf16": 989.5, "fp8": 1979.0},
+    # Same datasheet, H100 PCIe column: FP32 51, TF32 756*, BF16/FP16 1,513*, FP8 3,026*.
+    "H100 PCIe": {"fp32": 51.0, "tf32": 378.0, "amp_fp16": 756.5, "bf16": 756.5, "fp8": 1513.0},
+    # Same datasheet, H100 NVL column (per GPU): FP32 60, TF32 835*, BF16/FP16 1,671*, FP8
+    # 3,341*.
+    "H100 NVL": {"fp32": 60.0, "tf32": 417.5, "amp_fp16": 835.5, "bf16": 835.5, "fp8": 1670.5},
+    # H200 Tensor Core GPU datasheet, H200 SXM column: FP32 67, TF32 989*, BF16/FP16 1,979*,
+    # FP8 3,958*.
+    "H200": {"fp32": 67.0, "tf32": 494.5, "amp_fp16": 989.5, "bf16": 989.5, "fp8": 1979.0},
     # NVIDIA's GB200 NVL72 / HGX B200 specifications, "individual Blackwell GPU" rows (tensor
-    # figures with sparsity). HGX B200: FP32 75, TF32 2.2 PF*, FP16/BF16 4.5 PF*.
-    "B200": {"fp32": 75.0, "tf32": 1100.0, "amp_fp16": 2250.0, "bf16": 2250.0},
-    # GB200 NVL72 (the GPU at up to 1,200 W): FP32 80, TF32 2.5 PF*, FP16/BF16 5 PF*. The device
-    # names itself "NVIDIA GB200", and the longest matching key wins over "B200".
-    "GB200": {"fp32": 80.0, "tf32": 1250.0, "amp_fp16": 2500.0, "bf16": 2500.0},
+    # figures with sparsity). HGX B200: FP32 75, TF32 2.2 PF*, FP16/BF16 4.5 PF*, FP8 9 PF*.
+    "B200": {"fp32": 75.0, "tf32": 1100.0, "amp_fp16": 2250.0, "bf16": 2250.0, "fp8": 4500.0},
+    # GB200 NVL72 (the GPU at up to 1,200 W): FP32 80, TF32 2.5 PF*, FP16/BF16 5 PF*, FP8 10
+    # PF*. The device names itself "NVIDIA GB200", and the longest matching key wins over "B200".
+    "GB200": {"fp32": 80.0, "tf32": 1250.0, "amp_fp16": 2500.0, "bf16": 2500.0, "fp8": 5000.0},
+    # Blackwell Ultra. NVIDIA's HGX B300 specifications, per GPU (the 8-GPU board's figures over
+    # 8): FP32 75 (600 TF), TF32 2.25 PF* (18 PF*), FP16/BF16 4.5 PF* (36 PF*), FP8 9 PF*
+    # (72 PF*): no faster than B200 but for FP4, which raybench does not train in.
+    "B300": {"fp32": 75.0, "tf32": 1125.0, "amp_fp16": 2250.0, "bf16": 2250.0, "fp8": 4500.0},
+    # GB300 NVL72 specifications, the rack's dense figures over its 72 GPUs (the GPU at up to
+    # 1,400 W): FP16/BF16 2.5 PF (180 PF dense), FP8 5 PF (360 PF dense), TF32 1.25 PF; FP32
+    # 80, the per-GPU figure of the Blackwell Ultra tables (not a training precision here).
+    "GB300": {"fp32": 80.0, "tf32": 1250.0, "amp_fp16": 2500.0, "bf16": 2500.0, "fp8": 5000.0},
     # Tesla V100 datasheet: single precision 15.7 (SXM2) / 14 (PCIe), tensor performance
     # (FP16 multiply, FP32 accumulate) 125 / 112, no sparsity. Volta has no TF32 or BF16 tensor
     # cores: "tf32" runs in FP32, and bf16 has no peak to compare with (MFU None).
@@ -53,10 +69,10 @@ PEAK_TFLOPS: dict[str, dict[str, float]] = {
     # NVIDIA T4 datasheet: single precision 8.1, mixed precision (FP16/FP32) 65; Turing has no
     # TF32 or BF16 tensor cores either.
     "T4": {"fp32": 8.1, "tf32": 8.1, "amp_fp16": 65.0},
-    # NVIDIA L4 datasheet: FP32 30.3, TF32 120*, BF16/FP16 242* (* with sparsity).
-    "L4": {"fp32": 30.3, "tf32": 60.0, "amp_fp16": 121.0, "bf16": 121.0},
-    # NVIDIA L40S datasheet: FP32 91.6, TF32 366*, BF16/FP16 733* (183 / 362.05 dense).
-    "L40S": {"fp32": 91.6, "tf32": 183.0, "amp_fp16": 362.05, "bf16": 362.05},
+    # NVIDIA L4 datasheet: FP32 30.3, TF32 120*, BF16/FP16 242*, FP8 485* (* with sparsity).
+    "L4": {"fp32": 30.3, "tf32": 60.0, "amp_fp16": 121.0, "bf16": 121.0, "fp8": 242.5},
+    # NVIDIA L40S datasheet: FP32 91.6, TF32 366*, BF16/FP16 733*, FP8 1,466* (dense: half).
+    "L40S": {"fp32": 91.6, "tf32": 183.0, "amp_fp16": 362.05, "bf16": 362.05, "fp8": 733.0},
     # GeForce RTX 3080 Ti Laptop GPU: no datasheet gives TFLOP/s, so the figure is derived: 58 SMs
     # (7,424 CUDA cores) at the top of NVIDIA's published boost range (1,590 MHz; laptops ship
     # 1,125-1,590 by power limit) times the GA10x per-SM rates of the NVIDIA Ampere GA102
@@ -83,9 +99,12 @@ PEAK_MEMORY_GB_S: dict[str, float] = {
     "H100 NVL": 3900.0,
     # H200 Tensor Core GPU datasheet, H200 SXM column: 4.8 TB/s.
     "H200": 4800.0,
-    # HGX B200 and GB200 NVL72 specifications, per GPU: 8 TB/s.
+    # HGX B200 and GB200 NVL72 specifications, per GPU: 8 TB/s; HGX B300 and GB300 NVL72 the
+    # same (GB300 NVL72: 576 TB/s over 72 GPUs).
     "B200": 8000.0,
     "GB200": 8000.0,
+    "B300": 8000.0,
+    "GB300": 8000.0,
     # Tesla V100 datasheet (SXM2 and PCIe): 900 GB/s.
     "V100": 900.0,
     # NVIDIA T4 datasheet: 320+ GB/s; L4 datasheet: 300 GB/s; L40S datasheet: 864 GB/s.

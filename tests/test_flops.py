@@ -6,7 +6,7 @@ import pytest
 import torch
 import torchvision
 
-from raybench.flops import flops_per_sample, mfu, peak_tflops
+from raybench.flops import flops_per_sample, mfu, peak_memory_gb_s, peak_tflops
 from raybench.metrics import summarize
 from tests.test_metrics import record
 
@@ -51,6 +51,13 @@ def test_peak_table_and_unknowns():
     assert peak_tflops("NVIDIA H100 80GB HBM3", "tf32") == 494.5
     assert peak_tflops("NVIDIA B200", "bf16") == 2250.0
     assert peak_tflops("NVIDIA GB200", "bf16") == 2500.0  # longest key, not "B200"
+    # Blackwell Ultra and the FP8 tensor cores (half the datasheets' sparse figures)
+    assert peak_tflops("NVIDIA B300 SXM6 AC", "bf16") == 2250.0
+    assert peak_tflops("NVIDIA GB300", "fp8") == 5000.0  # not the B300's 4,500
+    assert peak_tflops("NVIDIA H100 80GB HBM3", "fp8") == 1979.0
+    assert peak_tflops("NVIDIA H200", "fp8") == 1979.0
+    assert peak_tflops("NVIDIA A100-SXM4-80GB", "fp8") is None  # Ampere has no FP8 cores
+    assert peak_memory_gb_s("NVIDIA GB300") == 8000.0
     assert peak_tflops("NVIDIA GeForce RTX 3080 Ti Laptop GPU", "amp_fp16") == 47.2
     assert peak_tflops("NVIDIA GeForce RTX 3080 Ti", "bf16") is None  # the desktop card differs
     # the device names these GPUs report, each matched as a whole word

@@ -170,3 +170,21 @@ def test_a_layout_that_cannot_train_exits_2_naming_its_key(tmp_path, capsys, set
     err = capsys.readouterr().err
     assert says in err and "Fix:" in err and "Traceback" not in err, err
     assert not (tmp_path / "run").exists()
+
+
+def test_published_figures_sit_beside_the_matching_row_in_tokens_per_s():
+    import pandas as pd
+
+    from raybench.report.reference import compare
+
+    row = {"workload.name": "llama", "workload.preset": "llama3.1-8b", "llm/seq_len": 8192,
+           "hardware.num_gpus": 8, "workload.parallel.tp": 1, "workload.fp8": False,
+           "hardware.compile": False, "hardware.precision": "bf16", "valid": True,
+           "device": "NVIDIA H100 80GB HBM3", "train/samples_per_s_per_worker": 0.7,
+           "trial/category": "canonical", "trial_key": "k"}
+    shorter = {**row, "llm/seq_len": 4096, "train/samples_per_s_per_worker": 2.0,
+               "trial_key": "s"}
+    (got,) = compare(pd.DataFrame([row, shorter]))  # one figure of this layout and length
+    assert got["unit"] == "tokens/s" and got["published_per_gpu"] == 5762.0
+    assert got["measured_per_gpu"] == pytest.approx(0.7 * 8192, abs=0.1)
+    assert got["ratio"] == pytest.approx(0.7 * 8192 / 5762, abs=1e-3) and got["trial_key"] == "k"

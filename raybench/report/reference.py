@@ -19,7 +19,7 @@ from raybench.report.assess import _num
 from raybench.workloads import Reference
 
 COLUMNS = ["gpu", "workload", "mode", "precision", "batch", "published_per_gpu",
-           "measured_per_gpu", "ratio", "trial_key", "source", "note"]
+           "measured_per_gpu", "unit", "ratio", "trial_key", "source", "note"]
 
 
 def _per_gpu(row: dict[str, Any], mode: str) -> float | None:
@@ -73,10 +73,11 @@ def compare(judged: pd.DataFrame, references: list[Reference] | None = None,
             continue
         quick = best.get("trial/category") == "quick" and not allow_quick
         out.append({
-            "gpu": ref.gpu, "workload": ", ".join(f"{k.split('.', 1)[1]}={v}"
+            "gpu": ref.gpu, "workload": ", ".join(f"{k.split('.', 1)[-1].split('/')[-1]}={v}"
                                                   for k, v in ref.workload.items()),
             "mode": ref.mode, "precision": ref.precision, "batch": ref.batch,
-            "published_per_gpu": ref.samples_per_s, "measured_per_gpu": round(best_v, 1),
+            "published_per_gpu": round(ref.samples_per_s * ref.per_sample, 1),
+            "measured_per_gpu": round(best_v * ref.per_sample, 1), "unit": ref.unit,
             "ratio": None if quick else round(best_v / ref.samples_per_s, 3),
             "trial_key": best.get("trial_key"), "source": ref.source,
             "note": "a quick row (fewer than 5 windows, or unsettled): no ratio against a "

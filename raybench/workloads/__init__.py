@@ -49,6 +49,10 @@ class Reference:
     batch: int | None  # per GPU, where the source gives one
     samples_per_s: float  # per GPU
     source: str
+    # what the report shows it in: a sample counted `per_sample` times (an LLM's sequence as
+    # its tokens: tokens/s per GPU, the figure such sources publish)
+    unit: str = "samples/s"
+    per_sample: float = 1.0
 
 
 class WorkloadParams(BaseModel):

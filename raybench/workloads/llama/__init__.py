@@ -20,9 +20,10 @@ import torch.nn.functional as F
 from pydantic import BaseModel, Field, model_validator
 
 from raybench.columns import Metric
+from raybench.flops import peak_tflops
 from raybench.records import RankRecord
 from raybench.sections import STRICT
-from raybench.workloads import Workload, WorkloadParams, register
+from raybench.workloads import Reference, Workload, WorkloadParams, register
 from raybench.workloads.llama import layout
 
 # Published configs (transformers' config.json of each model on the Hugging Face hub); rope:
@@ -49,6 +50,33 @@ PRESETS: dict[str, dict[str, Any]] = {
                          max_positions=131072, tie_embeddings=False, seq_len=8192,
                          rope=_LLAMA31_ROPE),
 }
+
+
+def _published(gpu: str, tokens_per_s: float, source: str, gpus: int = 8,
+               **config: Any) -> Reference:
+    """A published tokens/s per GPU of Llama-3.1-8B training at seq 8192 in bf16 (fp8 where
+    `workload.fp8` says so), matched to rows of the same preset, length and GPU count."""
+    return Reference(gpu, {"workload.name": "llama", "workload.preset": "llama3.1-8b",
+                           "llm/seq_len": 8192, "hardware.num_gpus": gpus, **config},
+                     "train", "bf16", None, tokens_per_s / 8192, source, "tokens/s", 8192.0)
+
+
+_TITAN = "torchtitan, benchmarks/llama3_h100_202412_torchtitan.md (2024-12), FSDP, 8 GPUs"
+_MEGATRON = ("NVIDIA Megatron-Bridge 25.11, docs/performance-summary.md, FP8, 8 GPUs "
+             "(its own layout)")
+REFERENCES = (
+    _published("H100", 5762.0, _TITAN, **{"workload.parallel.tp": 1, "workload.fp8": False,
+                                         "hardware.compile": False}),
+    _published("H100", 6667.0, _TITAN + ", torch.compile",
+               **{"workload.parallel.tp": 1, "workload.fp8": False, "hardware.compile": True}),
+    _published("H100", 8532.0, _TITAN + ", float8", **{"workload.parallel.tp": 1,
+                                                       "workload.fp8": True}),
+    _published("B200", 8307.0, "torchtitan's mxfp8 notes, bf16 baseline, FSDP, 8 GPUs",
+               **{"workload.fp8": False}),
+    _published("H100", 14451.0, _MEGATRON, **{"workload.fp8": True}),
+    _published("B200", 30624.0, _MEGATRON, **{"workload.fp8": True}),
+    _published("GB200", 31508.0, _MEGATRON, **{"workload.fp8": True}),
+)
 Preset = Literal["tiny", "llama3.2-1b", "llama3.2-3b", "llama3.1-8b", "llama3.1-70b"]
 
 
@@ -139,6 +167,7 @@ class Llama(Workload):
     name = "llama"
     Params = LlamaParams
     params: LlamaParams
+    references = REFERENCES
 
     def setup(self) -> None:
         p, ctx = self.params, self.ctx
@@ -239,7 +268,7 @@ class Llama(Workload):
         return {"seq_len": self.shape["seq_len"], "layout": d.name(), "dp_shard": d.dp_shard,
                 "dp_replicate": d.dp_replicate, "tp": d.tp, "params": param_count(self.shape),
                 "local_params": self.local_params,
-                "flops_per_token": flops_per_token(self.shape),
+                "flops_per_token": flops_per_token(self.shape), "fp8": self.params.fp8,
                 "losses": [float(x) for x in self._losses]}
 
     @classmethod
@@ -291,6 +320,9 @@ class Llama(Workload):
         Metric("llm/gflops_per_token", "GFLOP", "torchtitan's count per trained token: "
                "6 x (weights but the input embedding) + 12 x layers x heads x head_dim x "
                "seq_len"),
+        Metric("llm/mfu_of_fp8_peak_pct", "%", "fp8 trials: achieved TFLOP/s over the FP8 "
+               "tensor cores' dense peak (perf/mfu_pct holds it against the bf16 peak; "
+               "attention and norms still run in bf16, so neither peak is the whole truth)"),
         Metric("llm/loss_first", "score", "rank 0's cross-entropy (nats) at the first step "
                "run (warmup included)"),
         Metric("llm/loss_last", "score", "rank 0's loss at the last step run"),
@@ -312,7 +344,15 @@ class Llama(Workload):
                 "llm/gflops_per_token": first["flops_per_token"] / 1e9,
                 "llm/loss_first": losses[0] if losses else None,
                 "llm/loss_last": losses[-1] if losses else None,
-                "llm/loss_curve": losses}
+                "llm/loss_curve": losses, "llm/mfu_of_fp8_peak_pct": _fp8_mfu(records, row)}
+
+
+def _fp8_mfu(records: list[RankRecord], row: dict[str, Any]) -> float | None:
+    achieved = row.get("perf/achieved_tflops_per_gpu")
+    peak = peak_tflops(records[0].device_name, "fp8")
+    if not records[0].describe.get("fp8") or not achieved or not peak:
+        return None
+    return 100.0 * achieved / peak
 
 
 _A, _C = 48271, 12345  # A: a prime dividing no preset's vocabulary (2^8 x 3 x 167, 2^9)
