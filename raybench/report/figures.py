@@ -262,7 +262,8 @@ def all_figures(df: pd.DataFrame, details: dict[str, dict[str, Any]]
     candidates = [
         ("throughput", throughput_vs_batch(df)), ("scaling", scaling_efficiency(df)),
         ("memory", memory_vs_batch(df)), ("size_throughput", tiles.throughput_vs_size(df)),
-        ("size_memory", tiles.memory_vs_size(df)), ("step_breakdown", tiles.step_breakdown(df)),
+        ("size_memory", tiles.memory_vs_size(df)), ("rate_mfu", tiles.rate_and_mfu(df)),
+        ("step_breakdown", tiles.step_breakdown(df)),
         ("pareto", memory_vs_throughput(df)),
         ("steps", step_time_distributions(details, df)), ("ranks", rank_skew(details)),
         ("telemetry", gpu_timelines(details)),

@@ -1,6 +1,8 @@
-"""Figures of a workload's size axis (the tile of a tiled model, as its workload declares it:
-`Workload.size_axis`): throughput and memory against it, a line per batch; and where a step's
-time goes (its timed phases stacked per configuration).
+"""Figures of a workload's size axis (the tile of a tiled model, an LLM's sequence length, as
+its workload declares it: `Workload.size_axis`): its rate (the headline it declares, else
+samples/s) and memory against it, a line per batch and per other axis; the rate per GPU and
+MFU per configuration; and where a step's time goes (its timed phases stacked per
+configuration).
 
 Pure: results frames in, plotly figures out, None where the data has no size axis or no
 phases. The phases are whatever a workload timed with `self.clock.phase` (`train/<phase>_mean_ms`).
@@ -13,9 +15,12 @@ import re
 import pandas as pd
 import plotly.graph_objects as go
 
+from raybench import columns
 from raybench.report.assess import (
+    HEADLINE,
     THROUGHPUT,
     config_label,
+    declared,
     peak_memory_mb,
     size_axis,
     trained_rows,
@@ -42,18 +47,51 @@ def _per_batch(ok: pd.DataFrame, axis: str) -> list[tuple[str, pd.DataFrame]]:
     return out
 
 
+def rate_of(ok: pd.DataFrame) -> tuple[str, str]:
+    """The rate these rows are drawn by, and its axis title: the headline their workload
+    declared where every row has it (tokens/s per GPU of an LLM), else samples/s."""
+    headline = declared(ok.to_dict("records"), HEADLINE, "headline_metric")
+    if headline and headline in ok and ok[headline].notna().all():
+        metric = columns.lookup(headline)
+        return headline, f"{headline} ({metric.unit})" if metric else headline
+    return THROUGHPUT, "samples/s (all ranks)"
+
+
 def throughput_vs_size(df: pd.DataFrame) -> go.Figure | None:
     ok = trained_rows(df)
     axis = None if ok.empty else size_axis(ok)
     if axis is None:
         return None
-    size = axis.split(".", 1)[-1]
+    size = axis.split(".", 1)[-1].split("/")[-1]
+    rate, title = rate_of(ok)
     fig = go.Figure()
     for label, part in _per_batch(ok, axis):
-        fig.add_trace(go.Scatter(x=part[axis], y=part[THROUGHPUT], mode="lines+markers",
+        fig.add_trace(go.Scatter(x=part[axis], y=part[rate], mode="lines+markers",
                                  name=label))
-    fig.update_layout(title=f"Throughput vs {size} (a line per batch)",
-                      xaxis_title=size, yaxis_title="samples/s (all ranks)")
+    fig.update_layout(title=f"Throughput vs {size} (a line per batch and layout)",
+                      xaxis_title=size, yaxis_title=title)
+    return fig
+
+
+def rate_and_mfu(df: pd.DataFrame) -> go.Figure | None:
+    """Per configuration, its rate (bars) and its MFU, or on a machine with no datasheet peak
+    (a CPU) its TFLOP/s per GPU (markers, right axis): where a layout or a length stands."""
+    ok = trained_rows(df)
+    if ok.empty or len(ok) < 2 or "perf/achieved_tflops_per_gpu" not in ok or \
+            ok["perf/achieved_tflops_per_gpu"].isna().all():
+        return None
+    rate, title = rate_of(ok)
+    varied = varied_columns(ok)
+    labels = [config_label(r, varied) for r in ok.to_dict("records")]
+    mfu = "perf/mfu_pct" if "perf/mfu_pct" in ok and ok["perf/mfu_pct"].notna().any() \
+        else "perf/achieved_tflops_per_gpu"
+    fig = go.Figure()
+    fig.add_trace(go.Bar(x=labels, y=ok[rate], name=title))
+    fig.add_trace(go.Scatter(x=labels, y=ok[mfu], name=mfu, mode="markers", yaxis="y2",
+                             marker={"size": 12, "symbol": "diamond"}))
+    fig.update_layout(title="Rate and MFU per configuration", yaxis_title=title,
+                      yaxis2={"title": "MFU %" if mfu == "perf/mfu_pct" else "TFLOP/s per GPU",
+                              "overlaying": "y", "side": "right", "rangemode": "tozero"})
     return fig
 
 

@@ -168,6 +168,8 @@ class Llama(Workload):
     Params = LlamaParams
     params: LlamaParams
     references = REFERENCES
+    headline_metric = "llm/tokens_per_s_per_gpu"  # what torchtitan and Megatron publish
+    size_axis = "llm/seq_len"
 
     def setup(self) -> None:
         p, ctx = self.params, self.ctx
