@@ -325,11 +325,11 @@ class Llama(Workload):
         Metric("llm/mfu_of_fp8_peak_pct", "%", "fp8 trials: achieved TFLOP/s over the FP8 "
                "tensor cores' dense peak (perf/mfu_pct holds it against the bf16 peak; "
                "attention and norms still run in bf16, so neither peak is the whole truth)"),
-        Metric("llm/loss_first", "score", "rank 0's cross-entropy (nats) at the first step "
-               "run (warmup included)"),
-        Metric("llm/loss_last", "score", "rank 0's loss at the last step run"),
-        Metric("llm/loss_curve", "score", "rank 0's loss at every step run, in order (up to "
-               "1,000)"),
+        Metric("llm/loss_first", "score", "the global batch's cross-entropy (nats, the "
+               "mean of every rank's) at the first step run (warmup included)"),
+        Metric("llm/loss_last", "score", "the global batch's loss at the last step run"),
+        Metric("llm/loss_curve", "score", "the global batch's loss at every step run, in "
+               "order (up to 1,000)"),
     )
 
     @classmethod
@@ -338,7 +338,11 @@ class Llama(Workload):
         seq = first["seq_len"]
         tokens = row["train/samples_per_s"] * seq
         gpus = len(records) / max(1, records[0].ranks_per_gpu)
-        losses = first.get("losses") or []
+        # the global batch's loss at each step: the mean of every rank's (equal shares of it;
+        # the ranks of a TP group hold the same figure), read from the records, no collective
+        curves = [r.describe.get("losses") or [] for r in records]
+        steps = min(len(c) for c in curves)
+        losses = [sum(c[i] for c in curves) / len(curves) for i in range(steps)]
         return {"llm/tokens_per_s": tokens, "llm/tokens_per_s_per_gpu": tokens / gpus,
                 "llm/seq_len": seq, "llm/layout": first["layout"],
                 "llm/params_m": first["params"] / 1e6,
