@@ -58,11 +58,13 @@ def test_a_trial_runs_and_counts_its_flops(write_sweep):
 
 
 def test_bench_overhead_names_a_workload_without_a_bare_twin(write_sweep):
-    """The bare loop is a workload's own (`Workload.bare_loop`): EfficientNet, a member of the
-    ResNet family, has none, and bench overhead says so before it starts anything."""
-    from raybench.bench.twins import bare_loop
+    """A bare twin is a workload's own (bench/twins.TWINS): EfficientNet, a member of the
+    ResNet family, has none, and bench overhead says so and sets Ray against torchrun alone."""
+    from raybench.bench.twins import bare_loop, without_twin
 
     path = write_sweep("name: e\nsystem: {label: cpu}\n"
                        "workload: {name: efficientnet, variant: b0, image_size: 32}\n")
+    (trial,) = expand(load_sweep(path))
+    assert "efficientnet has no bare twin" in without_twin(trial)
     with pytest.raises(ValueError, match="efficientnet has no bare twin"):
-        bare_loop(expand(load_sweep(path))[0])
+        bare_loop(trial)

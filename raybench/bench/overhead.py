@@ -22,7 +22,7 @@ import pandas as pd
 from scipy.stats import ttest_1samp
 
 from raybench import runners
-from raybench.bench.twins import bare_loop
+from raybench.bench.twins import bare_loop, without_twin
 from raybench.memory import steady_heap
 from raybench.metrics.overhead import TRAIN_START_PARTS
 from raybench.records import present
@@ -59,19 +59,23 @@ def overhead(spec: SweepSpec, trial: TrialSpec, rounds: int,
         derive(trial, rekey=True, index=i, workload={"seed": trial.workload.seed + i})
         for i in range(per_round)]
     # Ray's daemons take CPU even when idle, which matters on small machines: measure the bare
-    # loop once with no Ray at all, then alternate bare and raybench with Ray up.
-    no_ray = [bare_loop(trial) for _ in range(rounds)]
+    # loop once with no Ray at all, then alternate bare and raybench with Ray up. A trial with
+    # no twin (several ranks, a workload without one): Ray against torchrun alone.
+    why = without_twin(trial)
+    if why:
+        log.info("no bare loop beside this trial (%s): Ray against torchrun only", why)
+    no_ray = [] if why else [bare_loop(trial) for _ in range(rounds)]
     started = cluster.connect(None)  # one Ray for all rounds: its start-up is not per trial
     tally = _Rounds()
     try:
         for i in range(rounds):
-            bare = bare_loop(trial)
+            bare = None if why else bare_loop(trial)
             rows, sweep_s = _sweep(spec, copies, "ray")
             theirs, _ = _sweep(spec, copies, "torchrun")
             tally.add(bare, rows, sweep_s, theirs)
-            log.info("round %d: bare %.1f, raybench %.1f, torchrun %.1f samples/s; sweep of %d "
+            log.info("round %d: bare %s, raybench %.1f, torchrun %.1f samples/s; sweep of %d "
                      "trial(s) %.1f s, measured windows %.2f s, %.2f s per trial outside them",
-                     i, bare, tally.ray[-1], tally.torchrun[-1], per_round, sweep_s,
+                     i, "-" if bare is None else f"{bare:.1f}", tally.ray[-1], tally.torchrun[-1], per_round, sweep_s,
                      tally.measured[-1], tally.fixed[-1])
     finally:
         if started:
@@ -115,10 +119,11 @@ class _Rounds:
     host: dict[str, dict[str, list[float]]] = field(
         default_factory=lambda: {"raybench": {}, "torchrun": {}})
 
-    def add(self, bare: float, rows: list[dict[str, Any]], sweep_s: float,
+    def add(self, bare: float | None, rows: list[dict[str, Any]], sweep_s: float,
             theirs: list[dict[str, Any]]) -> None:
         window = sum(r["train/measured_s"] for r in rows)
-        self.bare.append(bare)
+        if bare is not None:
+            self.bare.append(bare)
         self.ray.append(statistics.median(r["train/samples_per_s"] for r in rows))
         self.torchrun.append(statistics.median(r["train/samples_per_s"] for r in theirs))
         self.sweep_s.append(sweep_s)
@@ -139,17 +144,18 @@ class _Rounds:
 
     def summary(self, no_ray: list[float]) -> dict[str, Any]:
         med = statistics.median
+        bare = bool(self.bare)  # none where the trial has no twin
         out: dict[str, Any] = {
             "bare_samples_per_s": self.bare, "raybench_samples_per_s": self.ray,
-            "throughput_ratio": med(self.ray) / med(self.bare),
-            "throughput_ratio_vs_no_ray": med(self.ray) / med(no_ray),
+            "throughput_ratio": med(self.ray) / med(self.bare) if bare else None,
+            "throughput_ratio_vs_no_ray": med(self.ray) / med(no_ray) if bare else None,
             # against torchrun, trial by trial as the rows measure it (overhead/fixed_s: the
             # trial's wall time outside its measured windows, from the runner's start of it)
             "torchrun_samples_per_s": self.torchrun,
             "throughput_ratio_vs_torchrun": med(self.ray) / med(self.torchrun),
             # the same, round by round (each round measures both back to back), and the verdict
             "throughput_vs_torchrun": paired_ratio(self.ray, self.torchrun, THROUGHPUT_GOAL),
-            "throughput_vs_bare": paired_ratio(self.ray, self.bare, None),
+            "throughput_vs_bare": paired_ratio(self.ray, self.bare, None) if bare else None,
             "raybench_trial_fixed_s_median": med(self.first + self.later),
             "torchrun_trial_fixed_s_median": med(self.torchrun_fixed),
             "sweep_wall_s": self.sweep_s, "measured_window_s": self.measured,

@@ -29,18 +29,24 @@ class NoBareTwin(ValueError):
     before anything starts."""
 
 
+def without_twin(trial: TrialSpec) -> str | None:
+    """Why no bare loop can stand beside this trial (None: one can): `bench overhead` then
+    sets Ray against torchrun alone."""
+    if trial.hardware.world_size != 1:
+        return (f"the bare loop runs one rank; this trial has {trial.hardware.world_size} "
+                "(hardware.num_gpus or hardware.cpu_workers 1 for one)")
+    if trial.workload_name not in TWINS:
+        return f"{trial.workload_name} has no bare twin (bench/twins.py; resnet has one)"
+    return None
+
+
 def bare_loop(trial: TrialSpec) -> float:
     """Samples/s of the trial's training as its workload's bare twin: one process, no
     raybench, as a user would write it."""
-    if trial.hardware.world_size != 1:
-        raise NoBareTwin(
-            f"the bare loop runs one rank; this trial has {trial.hardware.world_size}: set "
-            "hardware.num_gpus (or hardware.cpu_workers) to 1")
-    twin = TWINS.get(trial.workload_name)
-    if twin is None:
-        raise NoBareTwin(
-            f"{trial.workload_name} has no bare twin (bench/twins.py): bench overhead "
-            "compares a workload that has one, such as resnet")
+    why = without_twin(trial)
+    if why:
+        raise NoBareTwin(why)
+    twin = TWINS[trial.workload_name]
     rate = twin(trial.workload, trial.hardware, trial.measure)
     if trial.hardware.use_gpu:
         # the twin ran in this process, the driver, whose CUDA cache would otherwise hold its
