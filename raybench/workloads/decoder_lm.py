@@ -6,6 +6,10 @@ key-value cache: a prefill pass over the prompt gives the first token, then one 
 further token. In the timed loop a step is one generation of a resident batch, with prefill and
 decode timed apart (`clock.phase`); served (scenarios/), a query is a generation, reporting its
 first-token time so the Server scenario can give time to first token and per-token latency.
+
+Kept for that alone: LLM training is `llama`'s (transformers' Llama, sharded), and this
+decoder's generation path is what the inference scenarios serve until a continuous-batching
+engine replaces it (tests/scenarios: its Server row's time to first token).
 """
 
 from __future__ import annotations
