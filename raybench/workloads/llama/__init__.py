@@ -7,6 +7,12 @@ CPU), the token stream, the step (micro-batches, gradient sync on the last only,
 FLOPs per token. A sample is one sequence of `seq_len` tokens; `batch_size` sequences per
 data-parallel rank per micro-batch. The ranks of one TP group train the same sequences, so each
 counts its share of them (`samples_per_step`): summed over ranks, the global batch.
+
+Why transformers' Llama and not torchtitan's: torchtitan (0.3.0 on PyPI) is a trainer whose
+package requires datasets, torchdata, tensorboard, wandb and more, none of them on the lent
+GPU image (transformers 5.17 is), and it tracks torch's newest releases; transformers'
+modules take torch's own FSDP2 and tensor-parallel plans unchanged (its attention views
+heads as -1, so a rank's share of them), and both 5.17 and 5.24 pass the layout tests.
 """
 
 from __future__ import annotations
