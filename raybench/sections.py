@@ -271,6 +271,12 @@ class InferenceSpec(Strict):
         "one call (dynamic batching, no waiting for more); 1: one query per call")
     latency_bound_ms: float | None = Field(
         None, gt=0, description="server: the latency the percentile must stay under")
+    ttft_bound_ms: float | None = Field(
+        None, gt=0, description="server: the time to first token the percentile must stay "
+        "under (MLPerf's Llama-3.1-8B Server 2,000 ms, Interactive 500 ms); token workloads")
+    tpot_bound_ms: float | None = Field(
+        None, gt=0, description="server: the time per output token after the first the "
+        "percentile must stay under (MLPerf's Llama-3.1-8B Server 100 ms, Interactive 30 ms)")
     latency_percentile: float = Field(99.0, gt=0, lt=100)
     rate_qps: float | None = Field(
         None, gt=0, description="server: one run at this Poisson arrival rate; unset: search "
@@ -299,7 +305,10 @@ class InferenceSpec(Strict):
 
     @model_validator(mode="after")
     def _server(self) -> InferenceSpec:
-        if self.scenario == "server" and self.rate_qps is None and self.latency_bound_ms is None:
-            raise ValueError("the server scenario needs latency_bound_ms to search a rate "
-                             "under (or rate_qps for one run at a fixed rate)")
+        bounds = (self.latency_bound_ms, self.ttft_bound_ms, self.tpot_bound_ms)
+        if self.scenario == "server" and self.rate_qps is None and all(
+                b is None for b in bounds):
+            raise ValueError("the server scenario needs latency_bound_ms (or ttft_bound_ms / "
+                             "tpot_bound_ms for a token workload) to search a rate under (or "
+                             "rate_qps for one run at a fixed rate)")
         return self

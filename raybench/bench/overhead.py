@@ -75,8 +75,9 @@ def overhead(spec: SweepSpec, trial: TrialSpec, rounds: int,
             tally.add(bare, rows, sweep_s, theirs)
             log.info("round %d: bare %s, raybench %.1f, torchrun %.1f samples/s; sweep of %d "
                      "trial(s) %.1f s, measured windows %.2f s, %.2f s per trial outside them",
-                     i, "-" if bare is None else f"{bare:.1f}", tally.ray[-1], tally.torchrun[-1], per_round, sweep_s,
-                     tally.measured[-1], tally.fixed[-1])
+                     i, "-" if bare is None else f"{bare:.1f}", tally.ray[-1],
+                     tally.torchrun[-1], per_round, sweep_s, tally.measured[-1],
+                     tally.fixed[-1])
     finally:
         if started:
             cluster.shutdown()

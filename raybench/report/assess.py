@@ -77,8 +77,10 @@ def validity(row: dict[str, Any], t: Thresholds = Thresholds()) -> list[str]:
         reasons.append(f"{metric} {acc:.4f} < target {row.get('infer/accuracy_target'):g}"
                        if _num(acc) else f"{metric} not measured")
     if row.get("server/met_bound") is False:
+        bound = row.get("server/latency_bound_ms")
         reasons.append(f"no rate kept p{row.get('server/latency_percentile'):g} latency under "
-                       f"{row.get('server/latency_bound_ms'):g} ms")
+                       f"{bound:g} ms" if _num(bound) else "no rate met the token bounds "
+                       "(server/ttft_bound_ms, server/tpot_bound_ms)")
     return reasons
 
 

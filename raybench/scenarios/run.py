@@ -22,7 +22,7 @@ from raybench import workloads
 from raybench.columns import Metric, declare
 from raybench.failures import failure
 from raybench.records import TrialOutcome
-from raybench.scenarios import offline, server
+from raybench.scenarios import mlperf, offline, server
 from raybench.scenarios.replica import Replica
 from raybench.trials import TrialSpec, derive
 
@@ -45,6 +45,17 @@ declare(
     Metric("server/ttft_p{q}_ms", "ms", "time to first token, percentile"),
     Metric("server/tpot_p{q}_ms", "ms", "time per output token after the first, percentile"),
     Metric("server/search", "text", "every probe (JSON list)"),
+    Metric("server/ttft_bound_ms", "ms", "inference.ttft_bound_ms"),
+    Metric("server/tpot_bound_ms", "ms", "inference.tpot_bound_ms"),
+    Metric("server/late", "count", "queries of the rate shown over the latency bound"),
+    Metric("server/early_stopping", "text", "LoadGen's early-stopping verdict on the rate "
+           "shown, per bound judged (met / not met): at most so many late of so many queries "
+           "certifies the percentile with 99% confidence"),
+    Metric("server/queries_needed", "count", "queries early stopping needs with the rate "
+           "shown's late queries (the most over any bound)"),
+    Metric("server/run_s", "s", "the rate shown's run: its last query's scheduled arrival"),
+    Metric("server/mlperf_min_duration_met", "bool", "the run lasted MLPerf's 600 s"),
+    Metric("server/mlperf_min_queries_met", "bool", "the run sent LoadGen's 100 queries"),
 )
 
 
@@ -125,6 +136,8 @@ def server_outcome(trial: TrialSpec, best: dict[str, Any] | None, probes: list[d
         "server/max_batch_queries": inf.max_batch_queries,
         "server/queries_per_call": shown.get("queries_per_call"),
         "server/samples_per_s": best["rate_qps"] * inf.query_samples if best else None,
+        "server/ttft_bound_ms": inf.ttft_bound_ms, "server/tpot_bound_ms": inf.tpot_bound_ms,
+        **_mlperf_columns(shown),
     }
     for k in ("p50_ms", "p90_ms", "p99_ms", "service_mean_ms", "ttft_p50_ms", "ttft_p99_ms",
               "tpot_p50_ms", "tpot_p99_ms"):
@@ -133,7 +146,9 @@ def server_outcome(trial: TrialSpec, best: dict[str, Any] | None, probes: list[d
     metrics["server/search"] = json.dumps([
         {"rate_qps": round(p["rate_qps"], 4), f"p{inf.latency_percentile:g}_ms":
          p.get(f"p{inf.latency_percentile:g}_ms"), "passed": p["passed"],
-         "queries": p["queries"]} for p in probes])
+         "queries": p["queries"], "early_stopping": {k: v.get("early_stopping") for k, v in
+                                                     p.get("mlperf", {}).items()}}
+        for p in probes])
     every = server.distinct_calls([r for p in probes for r in p["_run"]["records"]])
     metrics.update(offline.accuracy(every, stats, trial))
     metrics.update(offline.replica_facts(stats, metrics["server/samples_per_s"],
@@ -143,6 +158,23 @@ def server_outcome(trial: TrialSpec, best: dict[str, Any] | None, probes: list[d
                 "latency_ms": [None if not np.isfinite(x) else round(float(x) * 1e3, 4)
                                for x in lat]}]
     return TrialOutcome(status="ok", metrics=metrics, records=records, ranks=stats)
+
+
+def _mlperf_columns(shown: dict[str, Any]) -> dict[str, Any]:
+    """What a row states of MLPerf's verdict on the rate shown (scenarios/mlperf.py)."""
+    verdicts = shown.get("mlperf") or {}
+    judged = [v for v in verdicts.values() if "queries" in v]
+    run_s = shown.get("run_s")
+    return {
+        "server/late": verdicts["latency"]["late"] if "latency" in verdicts else None,
+        "server/early_stopping": ", ".join(f"{k} {v.get('early_stopping')}"
+                                           for k, v in verdicts.items()) or None,
+        "server/queries_needed": max((v["queries_needed"] for v in judged), default=None),
+        "server/run_s": run_s,
+        "server/mlperf_min_duration_met": None if run_s is None else
+        run_s >= mlperf.SERVER_MIN_DURATION_S,
+        "server/mlperf_min_queries_met": shown["queries"] >= mlperf.MIN_QUERIES,
+    }
 
 
 def _plain(probe: dict[str, Any]) -> dict[str, Any]:
