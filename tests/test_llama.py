@@ -130,10 +130,10 @@ def test_the_flop_count_is_the_models(tmp_path, sets):
     forwards (the scores recomputed), which model FLOPs (PaLM, MFU's definition) exclude."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from raybench.workloads.llama import _build
+    from raybench.workloads.llama.shape import build
 
     shape = trial(tmp_path, 1, sets).workload.shape()
-    model = _build(shape)
+    model = build(shape)
     model.set_attn_implementation("eager")
     ids = torch.randint(0, shape["vocab"], (2, shape["seq_len"]))
     with FlopCounterMode(display=False) as counter:

@@ -61,8 +61,7 @@ def overhead(spec: SweepSpec, trial: TrialSpec, rounds: int,
     # Ray's daemons take CPU even when idle, which matters on small machines: measure the bare
     # loop once with no Ray at all, then alternate bare and raybench with Ray up. A trial with
     # no twin (several ranks, a workload without one): Ray against torchrun alone.
-    why = without_twin(trial)
-    if why:
+    if why := without_twin(trial):
         log.info("no bare loop beside this trial (%s): Ray against torchrun only", why)
     no_ray = [] if why else [bare_loop(trial) for _ in range(rounds)]
     started = cluster.connect(None)  # one Ray for all rounds: its start-up is not per trial
@@ -73,11 +72,7 @@ def overhead(spec: SweepSpec, trial: TrialSpec, rounds: int,
             rows, sweep_s = _sweep(spec, copies, "ray")
             theirs, _ = _sweep(spec, copies, "torchrun")
             tally.add(bare, rows, sweep_s, theirs)
-            log.info("round %d: bare %s, raybench %.1f, torchrun %.1f samples/s; sweep of %d "
-                     "trial(s) %.1f s, measured windows %.2f s, %.2f s per trial outside them",
-                     i, "-" if bare is None else f"{bare:.1f}", tally.ray[-1],
-                     tally.torchrun[-1], per_round, sweep_s, tally.measured[-1],
-                     tally.fixed[-1])
+            tally.log_round(i, bare, per_round, sweep_s)
     finally:
         if started:
             cluster.shutdown()
@@ -142,6 +137,12 @@ class _Rounds:
                     float(r[k]) for r in side_rows if present(r.get(k)))
         for name, value in breakdown(rows, sweep_s).items():
             self.phases.setdefault(name, []).append(value)
+
+    def log_round(self, i: int, bare: float | None, per_round: int, sweep_s: float) -> None:
+        log.info("round %d: bare %s, raybench %.1f, torchrun %.1f samples/s; sweep of %d "
+                 "trial(s) %.1f s, measured windows %.2f s, %.2f s per trial outside them",
+                 i, "-" if bare is None else f"{bare:.1f}", self.ray[-1], self.torchrun[-1],
+                 per_round, sweep_s, self.measured[-1], self.fixed[-1])
 
     def summary(self, no_ray: list[float]) -> dict[str, Any]:
         med = statistics.median

@@ -76,8 +76,8 @@ def compare(judged: pd.DataFrame, references: list[Reference] | None = None,
             "gpu": ref.gpu, "workload": ", ".join(f"{k.split('.', 1)[-1].split('/')[-1]}={v}"
                                                   for k, v in ref.workload.items()),
             "mode": ref.mode, "precision": ref.precision, "batch": ref.batch,
-            "published_per_gpu": round(ref.samples_per_s * ref.per_sample, 1),
-            "measured_per_gpu": round(best_v * ref.per_sample, 1), "unit": ref.unit,
+            "published_per_gpu": round(ref.samples_per_s * ref.per_sample, 1), "unit": ref.unit,
+            "measured_per_gpu": round(best_v * ref.per_sample, 1),
             "ratio": None if quick else round(best_v / ref.samples_per_s, 3),
             "trial_key": best.get("trial_key"), "source": ref.source,
             "note": "a quick row (fewer than 5 windows, or unsettled): no ratio against a "

@@ -164,21 +164,8 @@ def summarize(run: dict[str, Any], bound_s: float | None, percentile: float,
         "stopped_early": run["stopped_early"], "run_s": run.get("duration_s"),
     }
     tokens = [r for r in answered if r.get("first_token_s") is not None]
-    if tokens:  # time to first token: the latency less the decode part of the service time
-        done = [(run["latency_s"][k], r) for k, r in enumerate(run["records"]) if r is not None]
-        ttft = np.array([lat_k - (r["service_s"] - r["first_token_s"]) for lat_k, r in done]
-                        + [math.inf] * (len(lat) - len(done)))
-        tpot = np.array([(r["service_s"] - r["first_token_s"]) / max(r["tokens"] - 1, 1)
-                         for _, r in done] + [math.inf] * (len(lat) - len(done)))
-        out.update({"ttft_p50_ms": _ms(percentile_of(ttft, 50)),
-                    "ttft_p99_ms": _ms(percentile_of(ttft, 99)),
-                    "tpot_p50_ms": _ms(percentile_of(tpot, 50)),
-                    "tpot_p99_ms": _ms(percentile_of(tpot, 99))})
-        for name, values, bound in (("ttft", ttft, token_bounds_s[0]),
-                                    ("tpot", tpot, token_bounds_s[1])):
-            if bound is not None:
-                verdicts[name] = mlperf.verdict(values, bound, percentile,
-                                                run.get("duration_s"))
+    if tokens:
+        out.update(_token_figures(run, percentile, token_bounds_s, verdicts))
     elif any(b is not None for b in token_bounds_s):
         # token bounds on a workload whose replies carry no first-token time: nothing to judge
         verdicts["ttft"] = {"within_bound": False, "early_stopping": "no token times"}
@@ -186,6 +173,27 @@ def summarize(run: dict[str, Any], bound_s: float | None, percentile: float,
     out["passed"] = not run["stopped_early"] and all(v["within_bound"]
                                                      for v in verdicts.values())
     return out
+
+
+def _token_figures(run: dict[str, Any], percentile: float,
+                   bounds_s: tuple[float | None, float | None],
+                   verdicts: dict[str, Any]) -> dict[str, Any]:
+    """Time to first token (the latency less the decode part of the call) and per output token
+    after it, percentiles; each bound set judged into `verdicts`. Unanswered: inf."""
+    lat = run["latency_s"]
+    done = [(lat[k], r) for k, r in enumerate(run["records"]) if r is not None]
+    missing = [math.inf] * (len(lat) - len(done))
+    ttft = np.array([lat_k - (r["service_s"] - r["first_token_s"]) for lat_k, r in done]
+                    + missing)
+    tpot = np.array([(r["service_s"] - r["first_token_s"]) / max(r["tokens"] - 1, 1)
+                     for _, r in done] + missing)
+    for name, values, bound in (("ttft", ttft, bounds_s[0]), ("tpot", tpot, bounds_s[1])):
+        if bound is not None:
+            verdicts[name] = mlperf.verdict(values, bound, percentile, run.get("duration_s"))
+    return {"ttft_p50_ms": _ms(percentile_of(ttft, 50)),
+            "ttft_p99_ms": _ms(percentile_of(ttft, 99)),
+            "tpot_p50_ms": _ms(percentile_of(tpot, 50)),
+            "tpot_p99_ms": _ms(percentile_of(tpot, 99))}
 
 
 def distinct_calls(records: Sequence[dict[str, Any] | None]) -> list[dict[str, Any]]:

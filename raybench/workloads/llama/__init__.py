@@ -23,87 +23,25 @@ from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, Field, model_validator
+from pydantic import Field
 
 from raybench.columns import Metric
 from raybench.flops import peak_tflops
 from raybench.records import RankRecord
-from raybench.sections import STRICT
-from raybench.workloads import Reference, Workload, WorkloadParams, register
+from raybench.workloads import Workload, WorkloadParams, register
 from raybench.workloads.llama import layout
-
-# Published configs (transformers' config.json of each model on the Hugging Face hub); rope:
-# the "llama3" frequency scaling of Llama-3.1 and 3.2. seq_len: the default when a sweep sets
-# none (torchtitan's and MLPerf's training length for the real ones).
-_LLAMA31_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
-                 "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                 "original_max_position_embeddings": 8192}
-_LLAMA32_ROPE = {**_LLAMA31_ROPE, "factor": 32.0}
-PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": dict(layers=2, hidden=64, ffn=192, heads=4, kv_heads=2, vocab=512,
-                 max_positions=1024, tie_embeddings=False, seq_len=128,
-                 rope={"rope_type": "default", "rope_theta": 10000.0}),
-    "llama3.2-1b": dict(layers=16, hidden=2048, ffn=8192, heads=32, kv_heads=8, vocab=128256,
-                        max_positions=131072, tie_embeddings=True, seq_len=8192,
-                        rope=_LLAMA32_ROPE),
-    "llama3.2-3b": dict(layers=28, hidden=3072, ffn=8192, heads=24, kv_heads=8, vocab=128256,
-                        max_positions=131072, tie_embeddings=True, seq_len=8192,
-                        rope=_LLAMA32_ROPE),
-    "llama3.1-8b": dict(layers=32, hidden=4096, ffn=14336, heads=32, kv_heads=8, vocab=128256,
-                        max_positions=131072, tie_embeddings=False, seq_len=8192,
-                        rope=_LLAMA31_ROPE),
-    "llama3.1-70b": dict(layers=80, hidden=8192, ffn=28672, heads=64, kv_heads=8, vocab=128256,
-                         max_positions=131072, tie_embeddings=False, seq_len=8192,
-                         rope=_LLAMA31_ROPE),
-}
-
-
-def _published(gpu: str, tokens_per_s: float, source: str, gpus: int = 8,
-               **config: Any) -> Reference:
-    """A published tokens/s per GPU of Llama-3.1-8B training at seq 8192 in bf16 (fp8 where
-    `workload.fp8` says so), matched to rows of the same preset, length and GPU count."""
-    return Reference(gpu, {"workload.name": "llama", "workload.preset": "llama3.1-8b",
-                           "llm/seq_len": 8192, "hardware.num_gpus": gpus, **config},
-                     "train", "bf16", None, tokens_per_s / 8192, source, "tokens/s", 8192.0)
-
-
-_TITAN = "torchtitan, benchmarks/llama3_h100_202412_torchtitan.md (2024-12), FSDP, 8 GPUs"
-_MEGATRON = ("NVIDIA Megatron-Bridge 25.11, docs/performance-summary.md, FP8, 8 GPUs "
-             "(its own layout)")
-REFERENCES = (
-    _published("H100", 5762.0, _TITAN, **{"workload.parallel.tp": 1, "workload.fp8": False,
-                                         "hardware.compile": False}),
-    _published("H100", 6667.0, _TITAN + ", torch.compile",
-               **{"workload.parallel.tp": 1, "workload.fp8": False, "hardware.compile": True}),
-    _published("H100", 8532.0, _TITAN + ", float8", **{"workload.parallel.tp": 1,
-                                                       "workload.fp8": True}),
-    _published("B200", 8307.0, "torchtitan's mxfp8 notes, bf16 baseline, FSDP, 8 GPUs",
-               **{"workload.fp8": False}),
-    _published("H100", 14451.0, _MEGATRON, **{"workload.fp8": True}),
-    _published("B200", 30624.0, _MEGATRON, **{"workload.fp8": True}),
-    _published("GB200", 31508.0, _MEGATRON, **{"workload.fp8": True}),
+from raybench.workloads.llama.layout import Parallel
+from raybench.workloads.llama.shape import (
+    PRESETS,
+    REFERENCES,
+    Preset,
+    build,
+    flops_per_token,
+    param_count,
+    walk,
 )
-Preset = Literal["tiny", "llama3.2-1b", "llama3.2-3b", "llama3.1-8b", "llama3.1-70b"]
 
-
-class Parallel(BaseModel):
-    """dp_replicate x dp_shard x tp = the trial's ranks (torchtitan's degrees)."""
-
-    model_config = STRICT
-    dp_shard: int = Field(-1, ge=-1, description="ranks that shard the weights, gradients "
-                          "and optimizer state (FSDP2); -1: the ranks the others leave")
-    dp_replicate: int = Field(1, ge=1, description="replicas of the (sharded) model: DDP where "
-                              "dp_shard and tp are 1, HSDP with dp_shard")
-    tp: int = Field(1, ge=1, description="tensor-parallel ranks (attention heads and MLP "
-                    "split, sequence-parallel norms); must divide heads and kv_heads")
-
-    @model_validator(mode="after")
-    def _not_zero(self) -> Parallel:
-        if self.dp_shard == 0:
-            raise ValueError("dp_shard 0 shards over no rank: use 1 (no sharding) or -1 (the "
-                             "ranks dp_replicate and tp leave)")
-        return self
-
+__all__ = ["Llama", "LlamaParams", "Parallel", "flops_per_token", "param_count"]
 
 class LlamaParams(WorkloadParams):
     batch_size: int = Field(1, ge=1, description="sequences per data-parallel rank per "
@@ -146,28 +84,6 @@ class LlamaParams(WorkloadParams):
         return out
 
 
-def flops_per_token(shape: dict[str, Any]) -> float:
-    """torchtitan's count (PaLM, appendix B) of one trained token: 6 x the weights every token
-    multiplies (all but the input embedding; the head counted even where it shares the
-    embedding's weights) + 12 x layers x heads x head dim x sequence (attention's two matmuls,
-    forward and backward, no discount for the causal mask); norms and recomputation not
-    counted."""
-    h, layers, heads = shape["hidden"], shape["layers"], shape["heads"]
-    head_dim = h // heads
-    kv = shape["kv_heads"] * head_dim
-    block = h * h * 2 + h * kv * 2 + 3 * h * shape["ffn"] + 2 * h  # q,o + k,v + MLP + norms
-    matmul_weights = layers * block + h + h * shape["vocab"]  # + final norm + head
-    return 6.0 * matmul_weights + 12.0 * layers * heads * head_dim * shape["seq_len"]
-
-
-def param_count(shape: dict[str, Any]) -> int:
-    """Every parameter of the model (the tied head counted once)."""
-    h, kv = shape["hidden"], shape["kv_heads"] * (shape["hidden"] // shape["heads"])
-    block = h * h * 2 + h * kv * 2 + 3 * h * shape["ffn"] + 2 * h
-    head = 0 if shape["tie_embeddings"] else h * shape["vocab"]
-    return shape["layers"] * block + h + h * shape["vocab"] + head
-
-
 @register
 class Llama(Workload):
     name = "llama"
@@ -185,7 +101,7 @@ class Llama(Workload):
         bf16 = ctx.hardware.precision == "bf16"
         torch.manual_seed(p.seed)
         with torch.device("meta"):
-            model = _build(self.shape)
+            model = build(self.shape)
         if p.fp8:
             layout.float8(model, ctx.device, d.tp)
         mesh = layout.build_mesh(ctx.device.type, d) if ctx.world_size > 1 else None
@@ -227,7 +143,7 @@ class Llama(Workload):
         p, shape = self.params, self.shape
         n_micro = self.ctx.hardware.grad_accum_steps
         vocab, seq = shape["vocab"], shape["seq_len"]
-        scale, shift = _walk(vocab, seq + 1)
+        scale, shift = walk(vocab, seq + 1)
         rows = p.batch_size * n_micro
         first = self.degrees.dp_rank(self.ctx.rank) * rows
         step = 0
@@ -365,31 +281,3 @@ def _fp8_mfu(records: list[RankRecord], row: dict[str, Any]) -> float | None:
     if not records[0].describe.get("fp8") or not achieved or not peak:
         return None
     return 100.0 * achieved / peak
-
-
-_A, _C = 48271, 12345  # A: a prime dividing no preset's vocabulary (2^8 x 3 x 167, 2^9)
-
-
-def _walk(vocab: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(A^i, C x (A^0 + ... + A^(i-1))) mod vocab for i < n: token i = (A^i x token 0 + the
-    second) mod vocab."""
-    scale, shift = [1], [0]
-    for _ in range(n - 1):
-        scale.append(scale[-1] * _A % vocab)
-        shift.append((shift[-1] * _A + _C) % vocab)
-    return torch.tensor(scale)[None], torch.tensor(shift)[None]
-
-
-def _build(shape: dict[str, Any]) -> torch.nn.Module:
-    # transformers: seconds to import, and only a rank building the model needs it (expansion,
-    # --dry-run and the report do not)
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=shape["vocab"], hidden_size=shape["hidden"],
-        intermediate_size=shape["ffn"], num_hidden_layers=shape["layers"],
-        num_attention_heads=shape["heads"], num_key_value_heads=shape["kv_heads"],
-        max_position_embeddings=shape["max_positions"], rope_parameters=dict(shape["rope"]),
-        tie_word_embeddings=shape["tie_embeddings"], rms_norm_eps=1e-5, use_cache=False,
-        attn_implementation="sdpa")
-    return LlamaForCausalLM(config)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from pydantic import BaseModel, Field, model_validator
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -33,8 +34,28 @@ from torch.utils.checkpoint import (
 )
 
 from raybench.failures import Infeasible
+from raybench.sections import STRICT
 
 MESH_DIMS = ("dp_replicate", "dp_shard", "tp")
+
+
+class Parallel(BaseModel):
+    """dp_replicate x dp_shard x tp = the trial's ranks (torchtitan's degrees)."""
+
+    model_config = STRICT
+    dp_shard: int = Field(-1, ge=-1, description="ranks that shard the weights, gradients "
+                          "and optimizer state (FSDP2); -1: the ranks the others leave")
+    dp_replicate: int = Field(1, ge=1, description="replicas of the (sharded) model: DDP where "
+                              "dp_shard and tp are 1, HSDP with dp_shard")
+    tp: int = Field(1, ge=1, description="tensor-parallel ranks (attention heads and MLP "
+                    "split, sequence-parallel norms); must divide heads and kv_heads")
+
+    @model_validator(mode="after")
+    def _not_zero(self) -> Parallel:
+        if self.dp_shard == 0:
+            raise ValueError("dp_shard 0 shards over no rank: use 1 (no sharding) or -1 (the "
+                             "ranks dp_replicate and tp leave)")
+        return self
 
 
 @dataclass(frozen=True)
@@ -75,7 +96,7 @@ class Degrees:
         return rank // self.tp
 
 
-def degrees(parallel: Any, world: int) -> Degrees:
+def degrees(parallel: Parallel, world: int) -> Degrees:
     """The layout (LlamaParams.parallel) for `world` ranks; dp_shard -1 takes the ranks the
     others leave. Raises ValueError where it cannot fill the world."""
     dp_shard, dp_replicate, tp = parallel.dp_shard, parallel.dp_replicate, parallel.tp
