@@ -158,8 +158,7 @@ def recommend(df: pd.DataFrame, memory_budget_mb: float | None = None) -> dict[s
         return out
     if key != THROUGHPUT:
         rows = [{**r, THROUGHPUT: r[key]} for r in rows]  # what _pick and the page read
-    headline = declared(rows, HEADLINE, "headline_metric")
-    rate = headline if headline and all(_num(r.get(headline)) for r in rows) else THROUGHPUT
+    rate = rate_column(rows)
     out["ranked_by"] = rate if rate != THROUGHPUT or key == THROUGHPUT else key
     shown = rate if rate != THROUGHPUT else None
 
@@ -186,6 +185,13 @@ def accuracy_key(rows: list[dict[str, Any]]) -> str | None:
     named = [r[ACCURACY_METRIC] for r in rows if isinstance(r.get(ACCURACY_METRIC), str)
              and _num(r.get(r[ACCURACY_METRIC]))]
     return max(sorted(set(named)), key=named.count) if named else None
+
+
+def rate_column(rows: list[dict[str, Any]]) -> str:
+    """The rate these rows are ranked and drawn by: the headline their workload declared where
+    every row has it (pixels/s of tiles, tokens/s per GPU of an LLM), else samples/s."""
+    headline = declared(rows, HEADLINE, "headline_metric")
+    return headline if headline and all(_num(r.get(headline)) for r in rows) else THROUGHPUT
 
 
 def declared(rows: list[dict[str, Any]], column: str, hook: str) -> str | None:

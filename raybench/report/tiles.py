@@ -17,11 +17,10 @@ import plotly.graph_objects as go
 
 from raybench import columns
 from raybench.report.assess import (
-    HEADLINE,
     THROUGHPUT,
     config_label,
-    declared,
     peak_memory_mb,
+    rate_column,
     size_axis,
     trained_rows,
     varied_columns,
@@ -48,13 +47,13 @@ def _per_batch(ok: pd.DataFrame, axis: str) -> list[tuple[str, pd.DataFrame]]:
 
 
 def rate_of(ok: pd.DataFrame) -> tuple[str, str]:
-    """The rate these rows are drawn by, and its axis title: the headline their workload
-    declared where every row has it (tokens/s per GPU of an LLM), else samples/s."""
-    headline = declared(ok.to_dict("records"), HEADLINE, "headline_metric")
-    if headline and headline in ok and ok[headline].notna().all():
-        metric = columns.lookup(headline)
-        return headline, f"{headline} ({metric.unit})" if metric else headline
-    return THROUGHPUT, "samples/s (all ranks)"
+    """The rate these rows are drawn by (assess.rate_column, as the report ranks them) and its
+    axis title."""
+    rate = rate_column(ok.to_dict("records"))
+    if rate == THROUGHPUT:
+        return THROUGHPUT, "samples/s (all ranks)"
+    metric = columns.lookup(rate)
+    return rate, f"{rate} ({metric.unit})" if metric else rate
 
 
 def throughput_vs_size(df: pd.DataFrame) -> go.Figure | None:

@@ -29,6 +29,10 @@ def warn(path: str, what: str) -> None:
 
 
 _WARNED: set[tuple[str, str]] = set()
+
+
+def _unreadable(path: str, e: BaseException) -> None:
+    warn(path, f"cannot be read ({store.first_line(e)}): skipped; move it away to silence this")
 # what Arrow raises where types do not unify or a column does not cast to the unified type
 _TYPE_CLASH = (pa.ArrowTypeError, pa.ArrowInvalid, pa.ArrowNotImplementedError)
 
@@ -44,8 +48,7 @@ def read_file_by_file(fs: Any, paths: list[str], filter: ds.Expression | None,
         try:
             table = pq.read_table(store.resolve(p)[1], filesystem=fs)
         except (pa.ArrowException, OSError, ValueError) as e:
-            warn(p, f"cannot be read ({store.first_line(e)}): skipped; move it away to "
-                 "silence this")
+            _unreadable(p, e)
             continue
         if len(set(table.column_names)) < len(table.column_names):
             warn(p, "names a column twice (not a file raybench wrote): skipped")
@@ -111,6 +114,5 @@ def footers(fs: Any, paths: list[str]) -> list[tuple[str, pa.Schema]]:
         try:
             out.append((p, pq.read_schema(store.resolve(p)[1], filesystem=fs)))
         except (pa.ArrowException, OSError) as e:
-            warn(p, f"cannot be read ({store.first_line(e)}): skipped; move it away to silence "
-                 "this")
+            _unreadable(p, e)
     return out

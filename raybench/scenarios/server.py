@@ -134,12 +134,6 @@ async def _all_answered(issued: asyncio.Event, queue: asyncio.Queue) -> None:
     await queue.join()
 
 
-def percentile_of(values: np.ndarray, q: float) -> float:
-    """The sample at LoadGen's rank of the q-th percentile, no interpolation (an unanswered
-    query, inf, stays inf instead of turning an interpolation into nan)."""
-    return mlperf.percentile_of(values, q)
-
-
 def summarize(run: dict[str, Any], bound_s: float | None, percentile: float,
               token_bounds_s: tuple[float | None, float | None] = (None, None)
               ) -> dict[str, Any]:
@@ -150,14 +144,14 @@ def summarize(run: dict[str, Any], bound_s: float | None, percentile: float,
     lat = run["latency_s"]
     answered = [r for r in run["records"] if r is not None]
     calls = distinct_calls(run["records"])
-    pct = percentile_of(lat, percentile)
+    pct = mlperf.percentile_of(lat, percentile)
     verdicts = {}
     if bound_s is not None:
         verdicts["latency"] = mlperf.verdict(lat, bound_s, percentile, run.get("duration_s"))
     out: dict[str, Any] = {
         "rate_qps": run["rate"], "queries": len(lat), "answered": len(answered),
-        "p50_ms": _ms(percentile_of(lat, 50)), "p90_ms": _ms(percentile_of(lat, 90)),
-        "p99_ms": _ms(percentile_of(lat, 99)), f"p{percentile:g}_ms": _ms(pct),
+        **{f"p{q}_ms": _ms(mlperf.percentile_of(lat, q)) for q in (50, 90, 99)},
+        f"p{percentile:g}_ms": _ms(pct),
         "service_mean_ms": float(np.mean([r["service_s"] for r in calls]) * 1e3)
         if calls else None,
         "queries_per_call": len(answered) / len(calls) if calls else None,
@@ -190,10 +184,10 @@ def _token_figures(run: dict[str, Any], percentile: float,
     for name, values, bound in (("ttft", ttft, bounds_s[0]), ("tpot", tpot, bounds_s[1])):
         if bound is not None:
             verdicts[name] = mlperf.verdict(values, bound, percentile, run.get("duration_s"))
-    return {"ttft_p50_ms": _ms(percentile_of(ttft, 50)),
-            "ttft_p99_ms": _ms(percentile_of(ttft, 99)),
-            "tpot_p50_ms": _ms(percentile_of(tpot, 50)),
-            "tpot_p99_ms": _ms(percentile_of(tpot, 99))}
+    return {"ttft_p50_ms": _ms(mlperf.percentile_of(ttft, 50)),
+            "ttft_p99_ms": _ms(mlperf.percentile_of(ttft, 99)),
+            "tpot_p50_ms": _ms(mlperf.percentile_of(tpot, 50)),
+            "tpot_p99_ms": _ms(mlperf.percentile_of(tpot, 99))}
 
 
 def distinct_calls(records: Sequence[dict[str, Any] | None]) -> list[dict[str, Any]]:

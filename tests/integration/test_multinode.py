@@ -258,6 +258,7 @@ def test_an_fsdp2_trial_spans_both_nodes_and_trains_as_one_process(two_nodes, tm
     over a rank on each node: the same losses step by step as one process training the same
     global batch (issue 64), and the figures of a training row. (FSDP2 x TP2 over four ranks
     and HSDP gave one process's losses too, run by hand: docs/journal/2026-11.md.)"""
+    from raybench.records import present
     from tests.test_llama import train, trial
 
     sweep = tmp_path / "llama.yaml"
@@ -285,8 +286,8 @@ def test_an_fsdp2_trial_spans_both_nodes_and_trains_as_one_process(two_nodes, tm
     assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-3000:]
     other = pd.read_parquet(tmp_path / "torchrun" / "results.parquet").iloc[0]
     assert other["status"] == "ok", other["error"]
-    filled = {c for c, v in row.items() if not _empty(v)}
-    filled_there = {c for c, v in other.items() if not _empty(v)}
+    filled = {c for c, v in row.items() if present(v)}
+    filled_there = {c for c, v in other.items() if present(v)}
     assert filled_there <= filled, sorted(filled_there - filled)
     assert filled - filled_there <= RAY_ONLY, sorted(filled - filled_there - RAY_ONLY)
     assert list(other["llm/loss_curve"]) == pytest.approx(one, rel=1e-4)
@@ -295,7 +296,3 @@ def test_an_fsdp2_trial_spans_both_nodes_and_trains_as_one_process(two_nodes, tm
 # what only a trial through Ray Tune and Train fills: its placement, group and retries
 RAY_ONLY = {"cluster/concurrency", "cluster/placement_strategy", "overhead/report_s",
             "trial/group_position", "trial/group_ranks", "trial/isolation", "trial/retries"}
-
-
-def _empty(v) -> bool:
-    return v is None or (isinstance(v, float) and v != v)

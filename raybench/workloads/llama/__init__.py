@@ -43,6 +43,7 @@ from raybench.workloads.llama.shape import (
 
 __all__ = ["Llama", "LlamaParams", "Parallel", "flops_per_token", "param_count"]
 
+
 class LlamaParams(WorkloadParams):
     batch_size: int = Field(1, ge=1, description="sequences per data-parallel rank per "
                             "micro-batch (the ranks of one TP group share them)")
