@@ -22,12 +22,13 @@ log = logging.getLogger(__name__)
 UNITS = frozenset({
     "ms", "us", "s", "%", "MB", "W", "J", "C", "MHz", "GB/s", "MB/s", "queries/s",
     "samples/s", "tokens/s", "pixels/s", "chips/s", "faults/s", "pixels/s/MB", "GFLOP", "TFLOP/s",
-    "M", "count", "bool", "text", "score",
+    "M", "count", "bool", "text", "score", "requests/s", "USD",
 })
 # What a key's last part says its unit is ("*/s": a rate of something, "*/MB": per MB).
 _SUFFIX = [("_per_s", "*/s"), ("_per_mb", "*/MB"), ("_gb_s", "GB/s"), ("_ms", "ms"),
            ("_us", "us"), ("_s", "s"), ("_pct", "%"), ("_mb", "MB"), ("_w", "W"), ("_j", "J"),
-           ("_c", "C"), ("_mhz", "MHz"), ("_qps", "queries/s")]
+           ("_c", "C"), ("_mhz", "MHz"), ("_qps", "queries/s"), ("_rps", "requests/s"),
+           ("_usd", "USD")]
 STRICT_ENV = "RAYBENCH_STRICT_COLUMNS"  # set (tests): an undeclared column is an error
 META_KEY = b"raybench.columns"  # a Parquet file's schema metadata: its columns' units
 

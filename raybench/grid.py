@@ -21,6 +21,7 @@ from raybench.spec import (
     SweepSpec,
     build_model,
     check_graphs,
+    check_tokens,
 )
 from raybench.trials import TrialSpec, trial_key
 from raybench.workloads import WorkloadParams
@@ -204,8 +205,11 @@ def _resolve(spec: SweepSpec, index: int, overrides: dict[str, Any]) -> TrialSpe
             f"remove {problem[0]} for workload {spec.workload_name}")
         raise SpecError(spec.source, problem[0] + where, None, problem[1], fix)
     if resolved.get("inference") is not None:
+        where = f" in grid combination {overrides}" if overrides else ""
         check_graphs(spec.workload_name, resolved["hardware"], resolved["inference"],
-                     spec.source, f" in grid combination {overrides}" if overrides else "")
+                     spec.source, where)
+        check_tokens(spec.workload_name, resolved["workload"], resolved["inference"],
+                     spec.source, where)
     key = trial_key(spec.workload_name, resolved)
     return TrialSpec(index=index, key=key, sweep=spec.name, workload_name=spec.workload_name,
                      overrides=overrides, **resolved)

@@ -64,6 +64,9 @@ class SystemSpec(Strict):
     gpu_memory_gb: float | None = Field(None, gt=0)
     cpus_per_node: int | None = Field(None, ge=1)
     memory_gb: float | None = Field(None, gt=0)
+    gpu_hour_usd: float | None = Field(
+        None, gt=0, description="what one GPU costs an hour: serving rows state the cost of a "
+        "million output tokens from it")
 
 
 class HardwareSpec(Strict):
@@ -254,10 +257,17 @@ class SearchSpec(Strict):
     largest_batch: LargestBatchSpec | None = None
 
 
+# MLPerf Inference's Llama-3.1-8B limits, p99 (mlcommons/inference, language/llama3.1-8b,
+# loadgen/mlperf.conf): TTFT and TPOT, ms
+MLPERF_LIMITS_MS = {"mlperf-server": (2000.0, 100.0), "mlperf-interactive": (500.0, 30.0)}
+
+
 class InferenceSpec(Strict):
     """The `inference:` section: a model served by replicas, the MLPerf way (scenarios/)."""
 
-    scenario: Literal["offline", "server"] = "offline"
+    scenario: Literal["offline", "server", "concurrency"] = Field(
+        "offline", description="offline: every request at once; server: Poisson arrivals "
+        "and the rate search; concurrency (token workloads): closed-loop users")
     replicas: int = Field(1, ge=1, description="model replicas, each with hardware.num_gpus "
                           "(0 or 1) GPUs and hardware.cpus_per_worker CPUs")
     samples: int = Field(512, ge=1, description="offline: samples pushed through the replicas")
@@ -297,11 +307,38 @@ class InferenceSpec(Strict):
         "per token for the language model)")
     accuracy_samples: int = Field(64, ge=1, description="samples the agreement is measured on")
     seed: int = Field(0, description="seed of the Poisson arrivals")
+    input_tokens: int | None = Field(
+        None, ge=1, description="token workloads: prompt tokens per request (default 128)")
+    output_tokens: int | None = Field(
+        None, ge=1, description="token workloads: output tokens per request, forced (no end "
+        "of sequence; default 128; MLPerf's Llama-3.1-8B: at most 128)")
+    concurrency: int | None = Field(
+        None, ge=1, description="the concurrency scenario: users, each sending its next "
+        "request when its last one ends; `samples` requests in all")
+    limits: Literal["mlperf-server", "mlperf-interactive"] | None = Field(
+        None, description="MLPerf's Llama-3.1-8B limits at p99: server TTFT 2,000 ms and "
+        "TPOT 100 ms, interactive 500 ms and 30 ms (sets ttft_bound_ms and tpot_bound_ms)")
     cuda_graphs: bool = Field(
         False, description="GPU replicas replay their forward as CUDA graphs, one captured per "
         "batch size (powers of two up to the largest call), each call padded to the next, as "
         "deployed inference does; an eager forward of a small batch is bound by the host's "
         "kernel launches. Workloads resnet and efficientnet")
+
+    @model_validator(mode="after")
+    def _limits(self) -> InferenceSpec:
+        if self.limits is not None:
+            ttft, tpot = MLPERF_LIMITS_MS[self.limits]
+            for name, value in (("ttft_bound_ms", ttft), ("tpot_bound_ms", tpot)):
+                if getattr(self, name) not in (None, value):
+                    raise ValueError(f"limits {self.limits} sets {name} to {value:g}, and "
+                                     f"{name} says {getattr(self, name):g}: give one of them")
+                object.__setattr__(self, name, value)
+            if self.latency_percentile != 99.0:
+                raise ValueError(f"limits {self.limits} are MLPerf's at p99, and "
+                                 f"latency_percentile says {self.latency_percentile:g}")
+        if self.scenario == "concurrency" and self.concurrency is None:
+            raise ValueError("the concurrency scenario needs concurrency (its users)")
+        return self
 
     @model_validator(mode="after")
     def _server(self) -> InferenceSpec:

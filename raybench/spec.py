@@ -318,6 +318,42 @@ def check_graphs(workload_name: str, hardware: HardwareSpec, inference: Inferenc
                         "choose one: remove hardware.compile or inference.cuda_graphs")
 
 
+TOKEN_FIELDS = ("input_tokens", "output_tokens", "concurrency", "limits")
+
+
+def check_tokens(workload_name: str, params: WorkloadParams, inference: InferenceSpec,
+                 source: str, where: str = "") -> None:
+    """The token fields of an inference trial (a trial's sections, as grid.py resolves them):
+    only for workloads served token by token, and within the model's positions."""
+    cls = workloads.get(workload_name)
+    if not cls.generates:
+        token = [n for n in workloads.names() if workloads.get(n).generates]
+        if inference.scenario == "concurrency":
+            raise SpecError(source, f"inference.scenario{where}", "concurrency", "closed-loop "
+                            f"users are for token workloads ({token})",
+                            "use offline or server for this workload")
+        for name in TOKEN_FIELDS:
+            if getattr(inference, name) is not None:
+                raise SpecError(source, f"inference.{name}{where}", getattr(inference, name),
+                                f"workload {workload_name} answers calls, not token streams",
+                                f"use one of {token}, or remove inference.{name}")
+        return
+    if inference.latency_bound_ms is not None:
+        raise SpecError(source, f"inference.latency_bound_ms{where}", inference.latency_bound_ms,
+                        f"workload {workload_name} is judged token by token", "give "
+                        "ttft_bound_ms and tpot_bound_ms (or limits: mlperf-server / "
+                        "mlperf-interactive) instead")
+    longest = cls.max_positions(params)
+    n = (inference.input_tokens or 128) + (inference.output_tokens or 128)
+    if longest is not None and n > longest:
+        raise SpecError(source, f"inference.output_tokens{where}", inference.output_tokens,
+                        f"a prompt of {inference.input_tokens or 128} tokens and "
+                        f"{inference.output_tokens or 128} output tokens are {n} positions, "
+                        f"more than the {longest} workload {workload_name} has",
+                        "shorten input_tokens or output_tokens (or raise the workload's "
+                        "max_positions)")
+
+
 def validate_workload(block: Any, source: str) -> tuple[str, WorkloadParams]:
     if not isinstance(block, dict) or "name" not in block:
         raise SpecError(source, "workload", block, "must be a mapping with a 'name'",

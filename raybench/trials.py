@@ -74,7 +74,9 @@ KEY_NEUTRAL: dict[str, dict[str, Any]] = {
     "hardware": {"env": {}, "grad_accum_steps": 1, "ranks_per_gpu": 1},
     "workload": {"activation_checkpointing": False},
     "measure": {"max_repeats": None},
-    "inference": {"cuda_graphs": False, "ttft_bound_ms": None, "tpot_bound_ms": None},
+    "inference": {"cuda_graphs": False, "ttft_bound_ms": None, "tpot_bound_ms": None,
+                  "input_tokens": None, "output_tokens": None, "concurrency": None,
+                  "limits": None},
 }
 _MISSING = object()
 

@@ -16,7 +16,7 @@ import plotly
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from raybench.report import inference, tiles
+from raybench.report import inference, serving, tiles
 from raybench.report.assess import (
     ACCURACY_METRIC,
     THROUGHPUT,
@@ -270,7 +270,7 @@ def all_figures(df: pd.DataFrame, details: dict[str, dict[str, Any]]
         ("accuracy", accuracy_vs_throughput(df)), ("epochs", epoch_curves(details)),
         ("preprocess", preprocess_stage(df)),
         ("comparison", comparison_per_rank(df)),
-        *inference.figures(df, every),
+        *inference.figures(df, every), *serving.figures(df, every),
     ]
     return [(name, fig) for name, fig in candidates if fig is not None]
 

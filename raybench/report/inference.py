@@ -26,9 +26,12 @@ from raybench.report.assess import (
 
 
 def _rows(df: pd.DataFrame, scenario: str) -> pd.DataFrame:
+    """Rows of one scenario served by calls (LLM serving rows: report/serving.py)."""
     if "inference.scenario" not in df:
         return df.iloc[0:0]
     part = df[(df["inference.scenario"] == scenario) & (df["status"] == "ok")]
+    if "serve/requests" in part:
+        part = part[part["serve/requests"].isna()]
     return part[part["stage"] == "benchmark"] if "stage" in part else part
 
 

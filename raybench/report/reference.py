@@ -26,6 +26,8 @@ def _per_gpu(row: dict[str, Any], mode: str) -> float | None:
     """A row's samples/s per GPU in this mode, None where it is not such a row."""
     if mode == "train":
         v = row.get("train/samples_per_s_per_worker")
+    elif mode == "serve":
+        v = row.get("serve/output_tokens_per_s_per_gpu")
     else:
         rate, replicas = row.get("infer/samples_per_s"), row.get("infer/replicas_used")
         v = rate / replicas if _num(rate) and _num(replicas) and replicas else None
@@ -62,7 +64,7 @@ def compare(judged: pd.DataFrame, references: list[Reference] | None = None,
                 continue
             if any(r.get(k) != v for k, v in ref.workload.items()):
                 continue
-            if r.get("hardware.precision") != ref.precision:
+            if ref.like_for_like and r.get("hardware.precision") != ref.precision:
                 continue
             if ref.batch is not None and r.get("workload.batch_size") != ref.batch:
                 continue
@@ -81,6 +83,9 @@ def compare(judged: pd.DataFrame, references: list[Reference] | None = None,
             "ratio": None if quick else round(best_v / ref.samples_per_s, 3),
             "trial_key": best.get("trial_key"), "source": ref.source,
             "note": "a quick row (fewer than 5 windows, or unsettled): no ratio against a "
-                    "published figure; rerun with measure.repeats of 5 or more" if quick else "",
+                    "published figure; rerun with measure.repeats of 5 or more" if quick else
+                    f"not like for like: the source's engine and precision ({ref.precision}) "
+                    f"against this row's {best.get('hardware.precision')}"
+                    if not ref.like_for_like else "",
         })
     return out

@@ -92,8 +92,11 @@ def complete(row: dict[str, Any], system: dict[str, Any], measured_peaks: dict[s
 def finished(trial: TrialSpec, outcome: TrialOutcome) -> str:
     """A finished trial in a line: `trial 3 70ba71e0b3cc: ok, 119.8 samples/s`."""
     thr = headline(outcome.metrics)
+    tokens = outcome.metrics.get("serve/output_tokens_per_s")
+    rate = (f", {thr:.1f} samples/s" if thr else f", {tokens:.1f} output tokens/s"
+            if present(tokens) else "")
     return (f"trial {trial.index} {trial.key}: {outcome.status}"
-            + (f", {thr:.1f} samples/s" if thr else f" ({(outcome.error or '')[:200]})"))
+            + (rate or f" ({(outcome.error or '')[:200]})"))
 
 
 def trial_line(row: dict[str, Any]) -> dict[str, Any]:

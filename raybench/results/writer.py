@@ -126,6 +126,9 @@ class RowWriter:
                  result["largest_batch"], result["probes"])
 
     def _append(self, row: dict[str, Any]) -> None:
+        rate, usd = row.get("serve/output_tokens_per_s_per_gpu"), self.spec.system.gpu_hour_usd
+        if usd is not None and rate:  # a serving row's cost, from what the sweep says a GPU costs
+            row["serve/usd_per_m_output_tokens"] = usd / 3600 / rate * 1e6
         complete(row, self.system, self.measured_peaks,
                  f"{self.table.dir} row {row.get('trial_key')}")
         with interrupts.row_section():

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 from scipy.stats import binom
 
@@ -93,3 +94,21 @@ def verdict(latencies_s: Sequence[float], bound_s: float, percentile: float,
             "run_s": run_s,
             "min_duration_met": None if run_s is None else run_s >= SERVER_MIN_DURATION_S,
             "min_queries_met": n >= MIN_QUERIES}
+
+
+def columns(shown: dict[str, Any]) -> dict[str, Any]:
+    """What a Server row states of MLPerf's verdict on the rate shown: `shown` holds the
+    verdict of each bound judged (`mlperf`), its queries and run length."""
+    verdicts = shown.get("mlperf") or {}
+    judged = [v for v in verdicts.values() if "queries" in v]
+    run_s = shown.get("run_s")
+    return {
+        "server/late": max((v["late"] for v in judged), default=None),
+        "server/early_stopping": ", ".join(f"{k} {v.get('early_stopping')}"
+                                           for k, v in verdicts.items()) or None,
+        "server/queries_needed": max((v["queries_needed"] for v in judged), default=None),
+        "server/run_s": run_s,
+        "server/mlperf_min_duration_met": None if run_s is None else
+        run_s >= SERVER_MIN_DURATION_S,
+        "server/mlperf_min_queries_met": shown["queries"] >= MIN_QUERIES,
+    }

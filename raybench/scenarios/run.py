@@ -47,7 +47,8 @@ declare(
     Metric("server/search", "text", "every probe (JSON list)"),
     Metric("server/ttft_bound_ms", "ms", "inference.ttft_bound_ms"),
     Metric("server/tpot_bound_ms", "ms", "inference.tpot_bound_ms"),
-    Metric("server/late", "count", "queries of the rate shown over the latency bound"),
+    Metric("server/late", "count", "queries of the rate shown over their bound (the most "
+           "over any bound judged: latency, TTFT, TPOT)"),
     Metric("server/early_stopping", "text", "LoadGen's early-stopping verdict on the rate "
            "shown, per bound judged (met / not met): at most so many late of so many queries "
            "certifies the percentile with 99% confidence"),
@@ -62,6 +63,11 @@ declare(
 def run_trial(trial: TrialSpec, runner: str, start_timeout_s: float = 30.0,
               logical_gpus: bool = False) -> TrialOutcome:
     """`logical_gpus` (Ray only): GPUs are placement tokens, replicas compute on CPU."""
+    if workloads.get(trial.workload_name).generates:
+        # token streams and their engines: torch and the engine's library only then
+        from raybench.scenarios.llm.run import run_trial as run_llm
+
+        return run_llm(trial, runner, start_timeout_s, logical_gpus)
     try:
         with _local_env(trial, runner):
             if trial.inference.scenario == "offline":
@@ -137,7 +143,7 @@ def server_outcome(trial: TrialSpec, best: dict[str, Any] | None, probes: list[d
         "server/queries_per_call": shown.get("queries_per_call"),
         "server/samples_per_s": best["rate_qps"] * inf.query_samples if best else None,
         "server/ttft_bound_ms": inf.ttft_bound_ms, "server/tpot_bound_ms": inf.tpot_bound_ms,
-        **_mlperf_columns(shown),
+        **mlperf.columns(shown),
     }
     for k in ("p50_ms", "p90_ms", "p99_ms", "service_mean_ms", "ttft_p50_ms", "ttft_p99_ms",
               "tpot_p50_ms", "tpot_p99_ms"):
@@ -158,23 +164,6 @@ def server_outcome(trial: TrialSpec, best: dict[str, Any] | None, probes: list[d
                 "latency_ms": [None if not np.isfinite(x) else round(float(x) * 1e3, 4)
                                for x in lat]}]
     return TrialOutcome(status="ok", metrics=metrics, records=records, ranks=stats)
-
-
-def _mlperf_columns(shown: dict[str, Any]) -> dict[str, Any]:
-    """What a row states of MLPerf's verdict on the rate shown (scenarios/mlperf.py)."""
-    verdicts = shown.get("mlperf") or {}
-    judged = [v for v in verdicts.values() if "queries" in v]
-    run_s = shown.get("run_s")
-    return {
-        "server/late": verdicts["latency"]["late"] if "latency" in verdicts else None,
-        "server/early_stopping": ", ".join(f"{k} {v.get('early_stopping')}"
-                                           for k, v in verdicts.items()) or None,
-        "server/queries_needed": max((v["queries_needed"] for v in judged), default=None),
-        "server/run_s": run_s,
-        "server/mlperf_min_duration_met": None if run_s is None else
-        run_s >= mlperf.SERVER_MIN_DURATION_S,
-        "server/mlperf_min_queries_met": shown["queries"] >= mlperf.MIN_QUERIES,
-    }
 
 
 def _plain(probe: dict[str, Any]) -> dict[str, Any]:

@@ -1,10 +1,11 @@
 """Workload registry and contracts: a workload is one file in this package that registers itself.
 
 Owns the contracts and the name -> class registry (a lookup imports the sibling module named
-like the workload, else every sibling, so adding a workload touches no other file). Three
+like the workload, else every sibling, so adding a workload touches no other file). Four
 contracts: `Workload` (timed steps, what every workload is), `EpochWorkload` (whole epochs with
-an evaluation after each) and `Servable` (can be served in an inference scenario); a workload
-subclasses the ones it meets.
+an evaluation after each), `Servable` (can be served in an inference scenario) and `Generative`
+(served token by token by a continuously batching `TokenEngine`); a workload subclasses the
+ones it meets.
 Whatever a workload knows beyond its steps it declares here through hooks on its own class
 (its extra row metrics, accuracy metric, the preprocess output it reads, its checkpoints), so
 no core module names a workload or one of its fields. Does not own timing, DDP set-up or Ray: a
@@ -53,6 +54,10 @@ class Reference:
     # its tokens: tokens/s per GPU, the figure such sources publish)
     unit: str = "samples/s"
     per_sample: float = 1.0
+    # False: another engine or precision than any row's (TensorRT-LLM in FP8 beside a bf16
+    # transformers engine): matched whatever the row's precision, its ratio shown as a
+    # comparison, not an equality
+    like_for_like: bool = True
 
 
 class WorkloadParams(BaseModel):
@@ -80,6 +85,8 @@ class Workload(ABC):
     # Set by the contracts below, never by a workload: EpochWorkload, Servable.
     epoch_based: ClassVar[bool] = False
     serves: ClassVar[bool] = False
+    # served token by token by an engine of its own (Generative)
+    generates: ClassVar[bool] = False
     # The task's own accuracy figure, a row metric key (e.g. "xview3/aggregate"): the report
     # ranks accuracy per second by it. Where it is served, the accuracy gate uses it too (the
     # task's score of an untimed pass over its validation set, MLPerf's accuracy mode, through
@@ -316,6 +323,78 @@ class Servable(Workload):
         """The task's scores from the predictions of every validation id, accuracy_metric's
         among them (workloads with an accuracy_metric)."""
         raise TypeError(f"workload {self.name} scores agreement with a reference, not a task")
+
+
+# emit(request id, tokens generated so far, finished, the engine's time.monotonic() stamp,
+# the generated token ids once finished else None): called on the engine's own thread
+Emit = Callable[[str, int, bool, float, "list[int] | None"], None]
+
+
+class TokenEngine(ABC):
+    """A serving engine of one replica that batches requests continuously: requests join and
+    leave its running batch at any step, each streaming its tokens as they are made."""
+
+    @abstractmethod
+    def submit(self, request_id: str, prompt: list[int], max_new_tokens: int,
+               emit: Emit) -> None:
+        """Queue a request; returns at once. Exactly `max_new_tokens` come back (end of
+        sequence ignored: random weights end at random), each through `emit`."""
+
+    @abstractmethod
+    def cancel(self, request_id: str) -> None:
+        """Stop a request (a Server probe that has already failed): it emits nothing more."""
+
+    def kv_use(self) -> float | None:
+        """The fraction of the KV cache in use now, where the engine says."""
+        return None
+
+    def facts(self) -> dict[str, Any]:
+        """What the engine was sized to (cache blocks, batch tokens), for the row."""
+        return {}
+
+    @abstractmethod
+    def close(self) -> None:
+        """Stop its threads; requests still running are dropped."""
+
+
+class Generative(Servable):
+    """A workload served token by token (scenarios/llm/): a language model whose engine
+    batches requests continuously; the scenarios time every token on the client's side."""
+
+    generates = True
+
+    def setup_serving(self) -> None:  # the engine builds what it serves
+        pass
+
+    @classmethod
+    def serving_inputs(cls, params: WorkloadParams, ids: np.ndarray) -> dict[str, np.ndarray]:
+        raise TypeError(f"workload {cls.name} serves prompts through its engine")
+
+    def serve(self, inputs: dict[str, np.ndarray]) -> dict[str, Any]:
+        raise TypeError(f"workload {self.name} serves prompts through its engine")
+
+    @classmethod
+    def max_positions(cls, params: WorkloadParams) -> int | None:
+        """Longest prompt plus output the model takes; None: no limit."""
+        return None
+
+    @classmethod
+    def prompt(cls, params: WorkloadParams, index: int, length: int) -> list[int]:
+        """Request `index`'s prompt of `length` tokens: deterministic, the same on every
+        replica and in the reference pass."""
+        rng = np.random.default_rng([params.seed, index, 0x9E37])
+        return rng.integers(1, 256, size=length).tolist()
+
+    @abstractmethod
+    def engine(self, slots: int, max_tokens: int) -> TokenEngine:
+        """The engine on ctx.device in the trial's precision, sized for `slots` requests of
+        up to `max_tokens` (prompt and output) at once (a hint: an engine may take more)."""
+
+    def reference_tokens(self, prompts: list[list[int]], max_new_tokens: int
+                         ) -> list[list[int]] | None:
+        """Greedy tokens of the same weights in fp32 without batching (the accuracy gate's
+        reference); None where the workload has no weights."""
+        return None
 
 
 _REGISTRY: dict[str, type[Workload]] = {}

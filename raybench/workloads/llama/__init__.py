@@ -28,12 +28,13 @@ from pydantic import Field
 from raybench.columns import Metric
 from raybench.flops import peak_tflops
 from raybench.records import RankRecord
-from raybench.workloads import Workload, WorkloadParams, register
+from raybench.workloads import Generative, TokenEngine, WorkloadParams, register
 from raybench.workloads.llama import layout
 from raybench.workloads.llama.layout import Parallel
 from raybench.workloads.llama.shape import (
     PRESETS,
     REFERENCES,
+    SERVING_REFERENCES,
     Preset,
     build,
     flops_per_token,
@@ -72,6 +73,9 @@ class LlamaParams(WorkloadParams):
                       "of compute capability 8.9+ with torchao installed; else infeasible)")
     lr: float = Field(8e-4, gt=0, description="AdamW's learning rate (torchtitan's Llama-3 "
                       "default; betas 0.9/0.95, weight decay 0.1)")
+    serve_max_batch_tokens: int | None = Field(
+        None, ge=16, description="serving: tokens the engine's step takes at most (prefill "
+        "chunks and decodes together); unset: transformers sizes it by GPU memory")
 
     def shape(self) -> dict[str, Any]:
         """The preset with this trial's overrides."""
@@ -86,11 +90,11 @@ class LlamaParams(WorkloadParams):
 
 
 @register
-class Llama(Workload):
+class Llama(Generative):
     name = "llama"
     Params = LlamaParams
     params: LlamaParams
-    references = REFERENCES
+    references = REFERENCES + SERVING_REFERENCES
     headline_metric = "llm/tokens_per_s_per_gpu"  # what torchtitan and Megatron publish
     size_axis = "llm/seq_len"
 
@@ -195,6 +199,32 @@ class Llama(Workload):
                 "local_params": self.local_params,
                 "flops_per_token": flops_per_token(self.shape), "fp8": self.params.fp8,
                 "losses": [float(x) for x in self._losses]}
+
+    # serving (scenarios/llm/): transformers' continuous batching over the same weights
+    @classmethod
+    def max_positions(cls, params: LlamaParams) -> int | None:
+        return params.shape()["max_positions"]
+
+    @classmethod
+    def prompt(cls, params: LlamaParams, index: int, length: int) -> list[int]:
+        g = torch.Generator().manual_seed(params.seed * 1_000_003 + index)
+        return torch.randint(1, params.shape()["vocab"], (length,), generator=g).tolist()
+
+    def engine(self, slots: int, max_tokens: int) -> TokenEngine:
+        from raybench.workloads.llama import serve  # transformers' engine: serving only
+
+        net = serve.model(self.params.shape(), self.ctx.device, self.params.seed,
+                          self.ctx.hardware.precision)
+        self._model = net
+        return serve.ContinuousBatching(net, slots, max_tokens,
+                                        max_batch_tokens=self.params.serve_max_batch_tokens)
+
+    def reference_tokens(self, prompts: list[list[int]], max_new_tokens: int
+                         ) -> list[list[int]] | None:
+        from raybench.workloads.llama import serve  # transformers' engine: serving only
+
+        return serve.reference_tokens(self.params.shape(), self.ctx.device, self.params.seed,
+                                      prompts, max_new_tokens)
 
     @classmethod
     def unsupported(cls, params: LlamaParams, hardware: Any) -> tuple[str, ...] | None:

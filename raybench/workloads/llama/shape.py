@@ -60,6 +60,25 @@ REFERENCES = (
     _published("B200", 30624.0, _MEGATRON, **{"workload.fp8": True}),
     _published("GB200", 31508.0, _MEGATRON, **{"workload.fp8": True}),
 )
+
+
+def _served(gpu: str, n_in: int, n_out: int, tokens_per_s: float, source: str,
+            scenario: str = "offline") -> Reference:
+    """A published output tokens/s of Llama-3.1-8B served on one GPU, matched to serving rows
+    of the same preset, lengths and scenario whatever their precision (not like for like)."""
+    return Reference(gpu, {"workload.name": "llama", "workload.preset": "llama3.1-8b",
+                           "inference.scenario": scenario, "serve/input_tokens": n_in,
+                           "serve/output_tokens": n_out}, "serve", "fp8", None, tokens_per_s,
+                     source, "output tokens/s", 1.0, like_for_like=False)
+
+
+_TRTLLM = ("TensorRT-LLM, docs/source/performance/perf-overview.md: FP8, one GPU, its own "
+           "engine")
+SERVING_REFERENCES = (
+    _served("H100", 128, 128, 28312.0, _TRTLLM), _served("H100", 1000, 1000, 15220.0, _TRTLLM),
+    _served("H200", 128, 128, 27911.0, _TRTLLM), _served("H200", 1000, 1000, 17744.0, _TRTLLM),
+    _served("H100", 2048, 2048, 9305.0, _TRTLLM), _served("H200", 2048, 2048, 12194.0, _TRTLLM),
+)
 Preset = Literal["tiny", "llama3.2-1b", "llama3.2-3b", "llama3.1-8b", "llama3.1-70b"]
 
 

@@ -1,0 +1,190 @@
+"""One serving replica: a `Generative` workload's engine on its device, warmed up, its tokens
+checked against the fp32 reference, each request's tokens streamed to whoever asked.
+
+The same object runs in a thread of this process (the local runner) and inside an async Ray
+actor (one per replica, its GPU its own); it imports no Ray. `stream` is an async generator:
+in-process the client iterates it on its own event loop; through Ray it is the actor's
+streaming method, each item an object the client awaits. Items are the request's progress
+since the last one (the engine's stamps of each token count it reached), so a client that
+falls behind gets them together rather than the actor queueing one object per token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from raybench import workloads
+from raybench.context import WorkerContext, check_env
+from raybench.memory import peak_rss_mb, steady_heap
+from raybench.trials import TrialSpec
+
+KV_SAMPLE_S = 0.05  # how often the KV cache's use is read while requests run
+# prompts of the warmup and of the accuracy check: indices no scenario sends
+WARMUP_INDEX, ACCURACY_INDEX = 2 * 10**9, 10**9
+CANCELLED = "cancelled: its Server probe had already failed"
+
+
+def lengths(trial: TrialSpec) -> tuple[int, int]:
+    inf = trial.inference
+    return inf.input_tokens or 128, inf.output_tokens or 128
+
+
+def slots(trial: TrialSpec) -> int:
+    """Requests a replica may hold at once: what its engine is sized for."""
+    inf = trial.inference
+    if inf.scenario == "concurrency":
+        return max(1, -(-(inf.concurrency or 1) // inf.replicas))
+    return max(1, min(256, -(-inf.samples // inf.replicas)))
+
+
+class EngineHost:
+    def __init__(self, trial: TrialSpec, index: int = 0, device: torch.device | None = None,
+                 node: str | None = None, logical_gpus: bool = False):
+        start = time.perf_counter()
+        check_env(trial.hardware.env)
+        steady_heap()
+        self.trial, self.index = trial, index
+        self.node = node or socket.gethostname()
+        if device is None:  # under Ray the replica's one GPU is cuda:0 (CUDA_VISIBLE_DEVICES)
+            gpu = trial.hardware.use_gpu and not logical_gpus
+            device = torch.device("cuda", 0) if gpu else torch.device("cpu")
+        self.device = device
+        self.cls = workloads.get(trial.workload_name)
+        ctx = WorkerContext.single(trial.hardware, device)
+        ctx.set_math_mode()
+        self.workload = self.cls(trial.workload, ctx)
+        self.workload.setup_serving()
+        n_in, n_out = lengths(trial)
+        self.engine = self.workload.engine(slots(trial), n_in + n_out)
+        self.queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self.kv: list[float] = []
+        self.sampling = threading.Event()
+        self.closed = threading.Event()
+        self.sampler = threading.Thread(target=self._sample_kv, daemon=True,
+                                        name="raybench-kv")
+        self.sampler.start()
+        inf = trial.inference
+        self.warmup_s = [self.run_together([self.cls.prompt(trial.workload, WARMUP_INDEX + i, n_in)
+                                            for i in range(min(slots(trial), 8))], n_out)[1]
+                         for _ in range(inf.warmup_batches)]
+        self.check_s = 0.0
+        self.matches = self.compared = 0
+        if inf.accuracy_target is not None:
+            began = time.perf_counter()
+            self._check(inf.accuracy_samples, n_in, n_out)
+            self.check_s = time.perf_counter() - began
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        self.setup_s = time.perf_counter() - start - self.check_s
+
+    def run_together(self, prompts: list[list[int]], n: int) -> tuple[list[list[int]], float]:
+        """Every prompt at once, waiting for all: their tokens and the seconds it took."""
+        done = threading.Semaphore(0)
+        tokens: dict[str, list[int]] = {}
+
+        def emit(rid: str, count: int, finished: bool, stamp: float, ids: list[int] | None):
+            if finished:
+                tokens[rid] = ids or []
+                done.release()
+
+        began = time.perf_counter()
+        for i, p in enumerate(prompts):
+            self.engine.submit(f"warm{self.index}-{i}-{began}", p, n, emit)
+        for _ in prompts:
+            if not done.acquire(timeout=600):
+                raise TimeoutError("the engine did not finish its warmup requests in 600 s")
+        took = time.perf_counter() - began
+        return [tokens[k] for k in sorted(tokens, key=lambda k: int(k.split("-")[1]))], took
+
+    def _check(self, samples: int, n_in: int, n_out: int) -> None:
+        """Greedy tokens served in the trial's precision against the fp32 reference of the
+        same weights, position by position."""
+        prompts = [self.cls.prompt(self.trial.workload, ACCURACY_INDEX + i, n_in)
+                   for i in range(samples)]
+        served, _ = self.run_together(prompts, n_out)
+        reference = self.workload.reference_tokens(prompts, n_out)
+        if reference is None:
+            return
+        for s, r in zip(served, reference, strict=True):
+            self.matches += int(np.sum(np.asarray(s[:len(r)]) == np.asarray(r[:len(s)])))
+            self.compared += len(r)
+
+    def _sample_kv(self) -> None:
+        while not self.closed.wait(KV_SAMPLE_S):
+            if self.sampling.is_set():
+                use = self.engine.kv_use()
+                if use is not None:
+                    self.kv.append(use)
+
+    def measure(self, on: bool) -> list[float]:
+        """Start (or stop and return) the KV cache's samples of a run."""
+        if on:
+            self.kv = []
+            self.sampling.set()
+        else:
+            self.sampling.clear()
+        return list(self.kv)
+
+    async def stream(self, rid: str, prompt: list[int], n: int) -> AsyncIterator[dict[str, Any]]:
+        """The request's progress as it comes: {"stamps": [(tokens so far, engine stamp)],
+        "done", "tokens" (the ids, at the end), "error"}."""
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue = asyncio.Queue()
+        self.queues[rid] = (loop, q)
+
+        def emit(r: str, count: int, finished: bool, stamp: float, ids: list[int] | None):
+            loop.call_soon_threadsafe(q.put_nowait, (count, stamp, finished, ids))
+
+        self.engine.submit(rid, prompt, n, emit)
+        try:
+            while True:
+                events = [await q.get()]
+                while not q.empty():
+                    events.append(q.get_nowait())
+                last = events[-1]
+                ended = [e[0] for e in events if e[0] < 0]
+                yield {"stamps": [(e[0], e[1]) for e in events if e[0] >= 0],
+                       "done": last[2] or bool(ended), "tokens": last[3],
+                       "error": None if not ended else CANCELLED if ended[0] == -2 else
+                       "the engine failed the request"}
+                if last[2] or ended:
+                    return
+        finally:
+            self.queues.pop(rid, None)
+
+    def cancel(self, rids: list[str]) -> None:
+        """End these requests' streams now (a failed Server probe) and the engine's work."""
+        for rid in rids:
+            self.engine.cancel(rid)
+            entry = self.queues.get(rid)
+            if entry is not None:
+                loop, q = entry
+                loop.call_soon_threadsafe(q.put_nowait, (-2, time.monotonic(), True, None))
+
+    def stats(self) -> dict[str, Any]:
+        cuda = self.device.type == "cuda"
+        return {
+            "replica": self.index, "node": self.node, "pid": os.getpid(),
+            "setup_s": self.setup_s,
+            "warmup_service_s": float(np.min(self.warmup_s)) if self.warmup_s else None,
+            "warmup_requests": min(slots(self.trial), 8),
+            "device_name": torch.cuda.get_device_name(self.device) if cuda else "cpu",
+            "peak_allocated_mb": torch.cuda.max_memory_allocated(self.device) / 2**20
+            if cuda else None,
+            "rss_peak_mb": peak_rss_mb(), "flops_per_sample": None,
+            "accuracy_check_s": self.check_s, "matches": self.matches,
+            "compared": self.compared, "engine": self.engine.facts(), "score": None,
+        }
+
+    def close(self) -> None:
+        self.closed.set()
+        self.engine.close()

@@ -1,0 +1,163 @@
+"""The client side of LLM serving: requests sent to the replicas, every token stamped on the
+client's clock as it arrives.
+
+Three loads, as vLLM's `bench serve` and MLPerf run them: Offline (every request at once: the
+engines take them as fast as they can), Server (Poisson arrivals at a rate; the search in
+scenarios/server.search_rate finds the highest rate whose TTFT and TPOT percentiles meet their
+limits), and closed-loop users (each user sends its next request when its last one ends:
+concurrency 1, 2, 4, ... draws the throughput against speed-per-user curve). A request goes to
+the replica with the fewest requests in flight (ties: the one sent fewest), as a serving
+router does. Latency runs from the request's scheduled arrival, so a sender that falls behind
+cannot hide queueing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from raybench.scenarios import mlperf
+from raybench.scenarios.server import SWITCH_INTERVAL_S
+
+WATCH_S = 0.02  # how often a Server probe counts its late first tokens
+
+
+@dataclass
+class Replica:
+    """One replica as the client sees it: its token stream, and a way to stop requests."""
+
+    stream: Callable[[str, list[int], int], AsyncIterator[dict[str, Any]]]
+    cancel: Callable[[list[str]], Awaitable[None]]
+
+
+@dataclass
+class Load:
+    """What to send: `count` requests of these lengths; arrival offsets (Offline: zeros;
+    Server: Poisson) or `users` closed-loop users."""
+
+    count: int
+    input_tokens: int
+    output_tokens: int
+    prompt: Callable[[int], list[int]]
+    arrivals: np.ndarray | None = None
+    users: int | None = None
+    ttft_bound_s: float | None = None  # a Server probe stops once its TTFT percentile fails
+    percentile: float = 99.0
+    tag: str = "r"
+
+
+def run_sync(replicas: Sequence[Replica], load: Load, limit_s: float) -> dict[str, Any]:
+    """`run` on an event loop of its own, with the interpreter's thread hand-over at 1 ms
+    (server.SWITCH_INTERVAL_S: in-process engines' threads would otherwise hold the GIL for up
+    to 5 ms while a token's stamp waits); a run past `limit_s` raises TimeoutError."""
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    try:
+        return asyncio.run(asyncio.wait_for(run(replicas, load), limit_s))
+    finally:
+        sys.setswitchinterval(previous)
+
+
+async def run(replicas: Sequence[Replica], load: Load) -> dict[str, Any]:
+    """Send the load; returns each request's record and whether the run stopped early."""
+    inflight = [0] * len(replicas)
+    sent = [0] * len(replicas)
+    records: list[dict[str, Any]] = []
+    outstanding: dict[str, int] = {}  # request id -> replica, while its tokens come
+
+    async def one(k: int, arrival: float) -> None:
+        i = min(range(len(replicas)), key=lambda j: (inflight[j], sent[j]))
+        inflight[i] += 1
+        sent[i] += 1
+        rid = f"{load.tag}-{k}"
+        rec: dict[str, Any] = {"index": k, "replica": i, "arrival": arrival,
+                               "input_tokens": load.input_tokens,
+                               "output_tokens": load.output_tokens, "stamps": [],
+                               "engine_stamps": [], "error": None, "tokens": None}
+        records.append(rec)
+        outstanding[rid] = i
+        try:
+            async for ev in replicas[i].stream(rid, load.prompt(k), load.output_tokens):
+                now = time.monotonic()
+                before = len(rec["engine_stamps"])
+                for count, stamp in ev["stamps"]:
+                    rec["engine_stamps"] += [stamp] * (count - len(rec["engine_stamps"]))
+                rec["stamps"] += [now] * (len(rec["engine_stamps"]) - before)
+                if ev.get("error"):
+                    rec["error"] = ev["error"]
+                if ev.get("tokens") is not None:
+                    rec["tokens"] = ev["tokens"]
+        except Exception as e:  # a replica that fails fails its requests, not the client
+            rec["error"] = f"{type(e).__name__}: {e}"
+        finally:
+            inflight[i] -= 1
+            outstanding.pop(rid, None)
+
+    t0 = time.monotonic() + 0.01
+    tasks: list[asyncio.Task] = []
+    if load.users:
+        counter = itertools.count()
+
+        async def user() -> None:
+            while (k := next(counter)) < load.count:
+                await one(k, time.monotonic())
+
+        tasks = [asyncio.ensure_future(user()) for _ in range(min(load.users, load.count))]
+        sender = None
+    else:
+        arrivals = load.arrivals if load.arrivals is not None else np.zeros(load.count)
+        loop = asyncio.get_running_loop()
+        halt = threading.Event()
+        issued = asyncio.Event()
+
+        def start(k: int) -> None:
+            tasks.append(asyncio.ensure_future(one(k, t0 + float(arrivals[k]))))
+
+        def issue() -> None:
+            # A thread, not a coroutine: the event loop's timers wake up to 1 ms late (epoll's
+            # millisecond timeout), which would show as time to first token; time.sleep is
+            # finer (scenarios/server.py does the same)
+            for k, at in enumerate(arrivals):
+                delay = t0 + at - time.monotonic()
+                if delay > 0 and halt.wait(delay):
+                    return
+                loop.call_soon_threadsafe(start, k)
+            loop.call_soon_threadsafe(issued.set)
+
+        issuer = threading.Thread(target=issue, name="raybench-arrivals", daemon=True)
+        issuer.start()
+        sender = asyncio.ensure_future(issued.wait())
+
+    stopped = False
+    if load.ttft_bound_s is not None:
+        allowed = load.count - 1 - mlperf.rank(load.count, load.percentile)
+        while not (sender is None or sender.done()) or not all(t.done() for t in tasks):
+            await asyncio.sleep(WATCH_S)
+            now = time.monotonic()
+            late = sum(1 for r in records if (r["stamps"][0] if r["stamps"] else now)
+                       - r["arrival"] > load.ttft_bound_s)
+            if late > allowed:  # the rest cannot change the verdict
+                stopped = True
+                break
+    if stopped:
+        if sender is not None:
+            halt.set()
+            sender.cancel()
+        by_replica: dict[int, list[str]] = {}
+        for rid, i in list(outstanding.items()):
+            by_replica.setdefault(i, []).append(rid)
+        await asyncio.gather(*(replicas[i].cancel(rids) for i, rids in by_replica.items()))
+    if sender is not None:
+        await asyncio.gather(sender, return_exceptions=True)
+    await asyncio.gather(*tasks, return_exceptions=True)
+    run_s = float(load.arrivals[-1]) if load.arrivals is not None and len(load.arrivals) else None
+    return {"records": sorted(records, key=lambda r: r["index"]), "stopped_early": stopped,
+            "run_s": run_s}

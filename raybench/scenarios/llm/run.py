@@ -1,0 +1,264 @@
+"""One LLM serving trial, on Ray (an async actor per replica, tokens streamed back as Ray
+streaming generators) or in this process (the engines' threads, the client on an event loop).
+
+Owns starting the replicas, the three loads' runs (Offline, Server with its rate search,
+closed-loop users), the row metrics, and turning any failure into a row.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from raybench import workloads
+from raybench.columns import Metric, declare
+from raybench.failures import failure
+from raybench.records import TrialOutcome
+from raybench.scenarios import mlperf, offline, server
+from raybench.scenarios.llm import figures, load
+from raybench.scenarios.llm.host import EngineHost, lengths
+from raybench.trials import TrialSpec
+
+declare(
+    Metric("serve/replica_requests", "text", "requests each replica served (JSON list): the "
+           "router's balance"),
+    Metric("serve/engine", "text", "what the engine was sized to (JSON: KV cache blocks, "
+           "tokens per step)"),
+    Metric("serve/client_lag_p99_ms", "ms", "a token's client stamp less its engine stamp, "
+           "p99: what the way back to the client adds (one machine's clock: replicas on "
+           "other nodes leave it empty)"),
+)
+
+
+def run_trial(trial: TrialSpec, runner: str, start_timeout_s: float = 30.0,
+              logical_gpus: bool = False) -> TrialOutcome:
+    try:
+        if runner == "ray":
+            return _on_ray(trial, start_timeout_s, logical_gpus)
+        return _local(trial)
+    except Exception as e:  # a failed trial is a row
+        return failure(e, trial.resources())
+
+
+def _local(trial: TrialSpec) -> TrialOutcome:
+    n = trial.inference.replicas
+    if trial.hardware.use_gpu:
+        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n > have:
+            raise RuntimeError(f"infeasible: {n} GPU replicas asked but this machine has "
+                               f"{have} GPUs")
+        devices = [torch.device("cuda", i) for i in range(n)]
+    else:
+        devices = [torch.device("cpu")] * n
+    hosts = [EngineHost(trial, i, d) for i, d in enumerate(devices)]
+    try:
+        def replica(h: EngineHost) -> load.Replica:
+            async def cancel(rids: list[str]) -> None:
+                h.cancel(rids)
+            return load.Replica(h.stream, cancel)
+
+        def measure(on: bool) -> list[list[float]]:
+            return [h.measure(on) for h in hosts]
+
+        return _scenario(trial, [replica(h) for h in hosts], measure,
+                         lambda: [h.stats() for h in hosts])
+    finally:
+        for h in hosts:
+            h.close()
+
+
+def _on_ray(trial: TrialSpec, start_timeout_s: float, logical_gpus: bool) -> TrialOutcome:
+    import ray  # Ray: only on its path; the local runner runs where Ray is not installed
+
+    hw = trial.hardware
+
+    class RayHost(EngineHost):  # async methods: an asyncio actor, requests in flight at once
+        def __init__(self, trial: TrialSpec, index: int, logical_gpus: bool):
+            super().__init__(trial, index, node=ray.util.get_node_ip_address(),
+                             logical_gpus=logical_gpus)
+
+        async def cancel_async(self, rids: list[str]) -> None:
+            self.cancel(rids)
+
+        async def stats_async(self) -> dict[str, Any]:
+            return self.stats()
+
+        async def measure_async(self, on: bool) -> list[float]:
+            return self.measure(on)
+
+        async def close_async(self) -> None:
+            self.close()
+
+    actor = ray.remote(num_cpus=hw.cpus_per_worker, num_gpus=1 if hw.use_gpu else 0,
+                       max_restarts=0, **offline.env_option(hw.env))(RayHost)
+    actors = [actor.remote(trial, i, logical_gpus) for i in range(trial.inference.replicas)]
+    try:
+        # ready when start-up (engine, warmup, the accuracy check) is done; placement was
+        # checked before, so the limit only bounds a start-up that never ends
+        ray.get([a.stats_async.remote() for a in actors], timeout=start_timeout_s + 600)
+
+        def replica(a: Any) -> load.Replica:
+            async def stream(rid: str, prompt: list[int], n: int
+                             ) -> AsyncIterator[dict[str, Any]]:
+                async for ref in a.stream.options(num_returns="streaming").remote(rid, prompt,
+                                                                                  n):
+                    yield await ref
+
+            async def cancel(rids: list[str]) -> None:
+                await a.cancel_async.remote(rids)
+            return load.Replica(stream, cancel)
+
+        def measure(on: bool) -> list[list[float]]:
+            return ray.get([a.measure_async.remote(on) for a in actors], timeout=60)
+
+        outcome = _scenario(trial, [replica(a) for a in actors], measure,
+                            lambda: ray.get([a.stats_async.remote() for a in actors],
+                                            timeout=60))
+        ray.get([a.close_async.remote() for a in actors], timeout=60)
+        return outcome
+    finally:
+        for a in actors:
+            ray.kill(a)
+
+
+def _scenario(trial: TrialSpec, replicas: list[load.Replica], measure, stats_of
+              ) -> TrialOutcome:
+    inf = trial.inference
+    cls = workloads.get(trial.workload_name)
+    n_in, n_out = lengths(trial)
+    ttft = inf.ttft_bound_ms / 1e3 if inf.ttft_bound_ms else None
+    tpot = inf.tpot_bound_ms / 1e3 if inf.tpot_bound_ms else None
+    stats = stats_of()
+
+    def prompt(k: int) -> list[int]:
+        return cls.prompt(trial.workload, k, n_in)
+
+    def go(spec: load.Load) -> tuple[dict[str, Any], list[list[float]]]:
+        measure(True)
+        limit = (float(spec.arrivals[-1]) * 4 if spec.arrivals is not None and
+                 len(spec.arrivals) else 0.0) + 600.0
+        run = load.run_sync(replicas, spec, limit)
+        return run, measure(False)
+
+    extra: dict[str, Any] = {}
+    if inf.scenario == "server":
+        capacity = _capacity(stats)
+        count = [0]
+
+        def probe(rate: float) -> dict[str, Any]:
+            count[0] += 1
+            gaps = server.unit_gaps(inf.seed, server.query_count(rate, inf.probe_seconds,
+                                                                 inf.min_queries))
+            spec = load.Load(len(gaps), n_in, n_out, prompt, arrivals=np.cumsum(gaps) / rate,
+                             ttft_bound_s=ttft, percentile=inf.latency_percentile,
+                             tag=f"p{count[0]}")
+            run, kv = go(spec)
+            verdicts = figures.verdicts(run["records"], inf.latency_percentile, ttft, tpot,
+                                        run["run_s"])
+            return {"rate_qps": rate, "queries": len(gaps), "run_s": run["run_s"],
+                    "mlperf": verdicts, "stopped_early": run["stopped_early"],
+                    "passed": not run["stopped_early"] and all(
+                        v["within_bound"] for v in verdicts.values()),
+                    "_run": run, "_kv": kv}
+
+        if inf.rate_qps is not None:
+            result = probe(inf.rate_qps)
+            best, probes = (result if result["passed"] else None), [result]
+        else:
+            cap = inf.rate_max_qps or 1.5 * capacity
+            best, probes = server.search_rate(probe, min(0.5 * capacity, cap), cap,
+                                              inf.rate_tolerance_pct, inf.search_seconds)
+        shown = best or probes[-1]
+        run, kv = shown["_run"], shown["_kv"]
+        extra = _server_columns(trial, best, probes, shown, capacity)
+    else:
+        spec = load.Load(inf.samples, n_in, n_out, prompt,
+                         users=inf.concurrency if inf.scenario == "concurrency" else None)
+        run, kv = go(spec)
+    records = run["records"]
+    stats = stats_of()
+    metrics = figures.summarize(records, inf.replicas, ttft, tpot)
+    metrics.update(extra)
+    metrics.update(_facts(trial, records, stats, kv))
+    failed = [r["error"] for r in records if r["error"]]
+    if failed and inf.scenario != "server":  # a Server probe past its limit cancels requests
+        raise RuntimeError(f"{len(failed)} of {len(records)} requests failed: {failed[0]}")
+    return TrialOutcome(status="ok", metrics=metrics, records=[_kept(records)], ranks=stats)
+
+
+def _capacity(stats: list[dict[str, Any]]) -> float:
+    """Requests per second the replicas finished in their warmup (a few at once each): where
+    the Server search starts."""
+    times = [(s["warmup_requests"], s["warmup_service_s"]) for s in stats
+             if s.get("warmup_service_s")]
+    if not times:
+        raise ValueError("the server search needs inference.warmup_batches >= 1 to estimate "
+                         "the replicas' capacity (or set rate_qps / rate_max_qps)")
+    return sum(n / t for n, t in times)
+
+
+def _server_columns(trial: TrialSpec, best: dict[str, Any] | None,
+                    probes: list[dict[str, Any]], shown: dict[str, Any], capacity: float
+                    ) -> dict[str, Any]:
+    inf = trial.inference
+    return {
+        "server/rate_qps": best["rate_qps"] if best else None,
+        "server/met_bound": best is not None,
+        "server/latency_percentile": inf.latency_percentile,
+        "server/ttft_bound_ms": inf.ttft_bound_ms, "server/tpot_bound_ms": inf.tpot_bound_ms,
+        "server/capacity_estimate_qps": capacity, "server/probes": len(probes),
+        "server/search_truncated": any(p.get("truncated") for p in probes),
+        "server/queries": shown["queries"],
+        "server/search": json.dumps([
+            {"rate_qps": round(p["rate_qps"], 4), "passed": p["passed"],
+             "queries": p["queries"], "stopped_early": p["stopped_early"],
+             **{f"{k}_p{inf.latency_percentile:g}_ms": None if v["percentile_s"] == np.inf
+                else round(v["percentile_s"] * 1e3, 3) for k, v in p["mlperf"].items()},
+             "early_stopping": {k: v["early_stopping"] for k, v in p["mlperf"].items()}}
+            for p in probes]),
+        **mlperf.columns(shown),
+    }
+
+
+def _facts(trial: TrialSpec, records: list[dict[str, Any]], stats: list[dict[str, Any]],
+           kv: list[list[float]]) -> dict[str, Any]:
+    inf = trial.inference
+    n_in, n_out = lengths(trial)
+    samples = [x for per in kv for x in per]
+    served = [sum(1 for r in records if r["replica"] == i) for i in range(len(stats))]
+    lag = [c - e for r in records for c, e in zip(r["stamps"], r["engine_stamps"],
+                                                   strict=True)]
+    one_node = len({s["node"] for s in stats}) == 1
+    agreement = [{"matches": s["matches"], "compared": s["compared"]} for s in stats]
+    return {
+        "perf/headline_metric": "serve/output_tokens_per_s_per_gpu",
+        "serve/input_tokens": n_in, "serve/output_tokens": n_out,
+        "serve/concurrency": inf.concurrency if inf.scenario == "concurrency" else None,
+        "serve/kv_use_peak_pct": 100 * max(samples) if samples else None,
+        "serve/kv_use_mean_pct": 100 * float(np.mean(samples)) if samples else None,
+        "serve/replica_requests": json.dumps(served),
+        "serve/engine": json.dumps(stats[0].get("engine") if stats else None, default=str),
+        "serve/client_lag_p99_ms": float(np.percentile(lag, 99) * 1e3)
+        if lag and one_node else None,
+        "infer/replicas_used": sum(1 for x in served if x),
+        "infer/setup_s": max(s["setup_s"] for s in stats) if stats else None,
+        **offline.accuracy(agreement, stats, trial),
+        **offline.replica_facts(stats, None, trial.hardware.precision),
+    }
+
+
+def _kept(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the trial's detail file keeps of its requests: each one's figures, not its
+    stamps (tens of thousands of floats)."""
+    out = []
+    for r in records:
+        f = figures.request_figures(r)
+        out.append({"index": r["index"], "replica": r["replica"], "error": r["error"],
+                    "tokens": len(r["stamps"]),
+                    **{k: None if not np.isfinite(f[k]) else round(f[k] * 1e3, 3)
+                       for k in ("ttft", "tpot", "e2e")}})
+    return {"requests": out}

@@ -1,0 +1,63 @@
+"""LLM serving through Ray: an async actor per replica, each request's tokens streamed back as a
+Ray streaming generator and stamped by the client as they arrive (scenarios/llm/run.py), side
+by side with the same trial in this process, on an embedded Ray of three CPUs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import ray
+
+from raybench.grid import expand
+from raybench.scenarios.run import run_trial
+from raybench.spec import validate_sweep
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture(scope="module")
+def embedded_ray():
+    ray.init(address="local", num_cpus=3, include_dashboard=False, logging_level="ERROR")
+    yield
+    ray.shutdown()
+
+
+def trial(workload, **inference):
+    return expand(validate_sweep({"name": "serve_ray", "system": {"label": "cpu"},
+                                  "workload": workload, "hardware": {"cpus_per_worker": 1},
+                                  "inference": inference}))[0]
+
+
+def test_tokens_come_back_through_ray_as_the_generator_makes_them(embedded_ray):
+    """A generator of known times (20 ms to the first token, 5 ms after it) behind an actor:
+    the client's stamps keep its timing (a client that stamped in bulk, or an actor that sent
+    tokens only at the end, would read TPOT near 0 and TTFT near the whole request)."""
+    t = trial({"name": "fixed_tokens", "slots": 4, "prefill_ms": 20.0, "token_ms": 5.0},
+              scenario="concurrency", concurrency=4, replicas=2, samples=16, input_tokens=8,
+              output_tokens=10, warmup_batches=1)
+    out = run_trial(t, "ray")
+    assert out.status == "ok", out.error
+    m = out.metrics
+    print({k: v for k, v in m.items() if k.startswith("serve/")})
+    assert json.loads(m["serve/replica_requests"]) == [8, 8]
+    assert 5.0 * 0.95 <= m["serve/tpot_p50_ms"] <= 6.5
+    assert 20.0 <= m["serve/ttft_p50_ms"] <= 30.0  # the way through Ray: a few ms here
+    assert m["serve/itl_p50_ms"] <= 6.5 and m["serve/client_lag_p99_ms"] < 25
+    assert {r["node"] for r in out.ranks} == {ray.util.get_node_ip_address()}
+
+
+def test_the_tiny_llama_through_ray_and_in_process(embedded_ray):
+    """The same trial both ways: every request its tokens, the fp32 reference agreed with,
+    the requests shared between the two replicas."""
+    t = trial({"name": "llama", "preset": "tiny"}, scenario="concurrency", concurrency=4,
+              replicas=2, samples=8, input_tokens=16, output_tokens=8, accuracy_target=0.99,
+              accuracy_samples=2, warmup_batches=1)
+    for runner in ("ray", "local"):
+        out = run_trial(t, runner)
+        assert out.status == "ok", (runner, out.error)
+        m = out.metrics
+        assert m["serve/requests"] == 8 and m["serve/failed"] == 0, runner
+        assert m["infer/accuracy"] == 1.0 and m["infer/replicas_used"] == 2, runner
+        assert [r["tokens"] for r in out.records[0]["requests"]] == [8] * 8, runner
+        assert m["serve/output_tokens_per_s"] > 0 and m["serve/tpot_p50_ms"] > 0, runner

@@ -1,0 +1,199 @@
+"""LLM serving (scenarios/llm/): token-level figures on constructed requests, the three loads on a
+token generator of known prefill and per-token times (fixed_tokens) against what theory says
+it must give, the tiny Llama preset behind transformers' continuous batching in-process, and
+the sweep file's bad input refused at load."""
+
+from __future__ import annotations
+
+import heapq
+import json
+import math
+
+import numpy as np
+import pytest
+
+from raybench.grid import expand
+from raybench.scenarios import mlperf, server
+from raybench.scenarios.llm import figures
+from raybench.scenarios.run import run_trial
+from raybench.spec import SpecError, load_sweep, validate_sweep
+from tests.conftest import ROOT
+
+
+def trials(workload, grid=None, **inference):
+    raw = {"name": "t", "system": {"label": "x"}, "workload": workload,
+           "inference": inference}
+    if grid:
+        raw["grid"] = grid
+    return expand(validate_sweep(raw))
+
+
+def request(arrival, stamps, n=None, **extra):
+    return {"arrival": arrival, "stamps": stamps, "input_tokens": 4,
+            "output_tokens": n or len(stamps), "error": None, **extra}
+
+
+def test_token_figures_of_constructed_requests():
+    """Two requests of 3 tokens and one that failed after its first: the definitions of vLLM's
+    bench serve, LoadGen's percentile rank, goodput against the bounds."""
+    reqs = [request(0.0, [0.1, 0.2, 0.3]),  # TTFT 100 ms, TPOT 100 ms
+            request(0.5, [0.55, 0.57, 0.59]),  # TTFT 50 ms, TPOT 20 ms
+            request(0.6, [0.9], n=3, error="the engine failed the request")]
+    m = figures.summarize(reqs, gpus=2, ttft_s=0.08, tpot_s=0.05)
+    assert m["serve/requests"] == 3 and m["serve/failed"] == 1
+    assert m["serve/wall_s"] == pytest.approx(0.59)
+    assert m["serve/output_tokens_per_s"] == pytest.approx(6 / 0.59)
+    assert m["serve/output_tokens_per_s_per_gpu"] == pytest.approx(3 / 0.59)
+    assert m["serve/input_tokens_per_s"] == pytest.approx(8 / 0.59)
+    # a failed request is infinitely late: the p99 of three is the worst
+    assert m["serve/ttft_p50_ms"] == pytest.approx(100.0) and m["serve/ttft_p99_ms"] is None
+    assert m["serve/ttft_mean_ms"] == pytest.approx(75.0)  # of the requests that finished
+    # gaps 100, 100, 20, 20: LoadGen's rank of p50 in four is the third
+    assert m["serve/itl_p50_ms"] == pytest.approx(100.0) and m["serve/itl_mean_ms"] == \
+        pytest.approx(60.0)
+    assert m["serve/tokens_per_s_per_user"] == pytest.approx((10 + 50) / 2)
+    # only the second met both bounds (TTFT <= 80 ms, TPOT <= 50 ms)
+    assert m["serve/goodput_rps"] == pytest.approx(1 / 0.59)
+    assert m["serve/limits_met_pct"] == pytest.approx(100 / 3)
+    v = figures.verdicts(reqs, 99.0, 0.08, 0.05, run_s=0.6)
+    assert v["ttft"]["late"] == 2 and v["tpot"]["late"] == 2 and not v["ttft"]["within_bound"]
+
+
+def test_the_pareto_front_of_a_concurrency_curve():
+    # (tokens/s per user, tokens/s per GPU): more users trade speed per user for throughput
+    points = [(400, 400), (300, 1000), (100, 1900), (90, 1800), (300, 900), (50, 1900)]
+    assert figures.pareto(points) == [True, True, True, False, False, False]
+    assert figures.pareto([(1.0, math.inf), (2.0, 1.0)]) == [False, True]
+
+
+def _known(trial):
+    p, inf = trial.workload, trial.inference
+    service = (p.prefill_ms + (inf.output_tokens - 1) * p.token_ms) / 1e3
+    return service, p.prefill_ms / 1e3
+
+
+@pytest.mark.serial  # times against known sleeps: alone
+def test_offline_and_users_recover_the_generators_known_times():
+    """Two replicas of 4 slots, 20 ms to the first token, 5 ms per token after it, 8 tokens:
+    Offline sends 16 requests at once, so each replica serves two waves of 4 (TTFT 20 and
+    75 ms, TPOT 5 ms, 64 tokens in 110 ms each); two closed-loop users never wait."""
+    base = {"name": "fixed_tokens", "slots": 4, "prefill_ms": 20.0, "token_ms": 5.0}
+    (off,) = trials(base, scenario="offline", replicas=2, samples=16, input_tokens=16,
+                    output_tokens=8, warmup_batches=1)
+    (users,) = trials(base, scenario="concurrency", concurrency=2, replicas=2, samples=12,
+                      input_tokens=16, output_tokens=8, warmup_batches=1)
+    service, prefill = _known(off)
+    out = run_trial(off, "local")
+    assert out.status == "ok", out.error
+    m = out.metrics
+    print({k: v for k, v in m.items() if k.startswith("serve/")})
+    assert json.loads(m["serve/replica_requests"]) == [8, 8]  # least in flight
+    # Sleeps only overshoot (0.1-0.3 ms each on a quiet 2-core VM); a slot's later tokens
+    # keep to their deadlines, so a late first token makes TPOT a little shorter. LoadGen's
+    # p50 of 16 is the 9th: a request of the second wave (55 ms later).
+    assert 5.0 * 0.97 <= m["serve/tpot_p50_ms"] <= 5.0 * 1.1 + 0.5
+    assert 47.5 <= m["serve/ttft_mean_ms"] <= 47.5 * 1.1 + 3
+    assert 75.0 <= m["serve/ttft_p50_ms"] <= m["serve/ttft_p99_ms"] <= 75.0 * 1.1 + 5
+    ideal = 16 * 8 / (2 * service)
+    assert ideal * 0.85 <= m["serve/output_tokens_per_s"] <= ideal * 1.01
+    assert m["serve/failed"] == 0 and m["serve/kv_use_peak_pct"] > 0
+    assert 0 <= m["serve/client_lag_p99_ms"] < 20  # stamped on arrival, not in bulk later
+
+    out = run_trial(users, "local")
+    assert out.status == "ok", out.error
+    m = out.metrics
+    assert m["serve/concurrency"] == 2 and m["serve/requests"] == 12
+    assert 20.0 <= m["serve/ttft_p99_ms"] <= 20.0 * 1.1 + 3  # no one waits for a slot
+    assert 1e3 / (5.0 * 1.1 + 0.5) <= m["serve/tokens_per_s_per_user"] <= 200.0
+    ideal = 2 * 8 / service
+    assert ideal * 0.8 <= m["serve/output_tokens_per_s"] <= ideal * 1.01
+
+
+def slot_ttft(arrivals: np.ndarray, slots: int, service: float, prefill: float) -> np.ndarray:
+    """TTFT of FIFO requests on `slots` slots of a fixed service time: the queue an M/D/c
+    model describes, on this arrival path."""
+    free = [0.0] * slots
+    out = np.empty(len(arrivals))
+    for k, a in enumerate(arrivals):
+        start = max(a, heapq.heappop(free))
+        heapq.heappush(free, start + service)
+        out[k] = start - a + prefill
+    return out
+
+
+def ttft_limit(gaps, slots, service, prefill, bound, pct=99.0) -> float:
+    lo, hi = 0.01, slots / service
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        lat = slot_ttft(np.cumsum(gaps) / mid, slots, service, prefill)
+        lo, hi = (mid, hi) if mlperf.verdict(lat, bound, pct, 0.0)["within_bound"] else (lo, mid)
+    return lo
+
+
+@pytest.mark.serial  # rates and latencies against known sleeps: alone
+def test_the_server_search_finds_the_known_ttft_limit():
+    """One replica of 2 slots, 4 ms to the first token, 1 ms per token, 7 tokens (10 ms a
+    request): the highest Poisson rate whose p99 TTFT (LoadGen's rank, 200 requests) stays
+    under 25 ms is that of the same FIFO queue on the same arrivals; TPOT stays 1 ms."""
+    (t,) = trials({"name": "fixed_tokens", "slots": 2, "prefill_ms": 4.0, "token_ms": 1.0},
+                  scenario="server", input_tokens=8, output_tokens=7, ttft_bound_ms=25.0,
+                  tpot_bound_ms=5.0, probe_seconds=0.1, min_queries=200,
+                  rate_tolerance_pct=3.0)
+    service, prefill = _known(t)
+    known = ttft_limit(server.unit_gaps(0, 200), 2, service, prefill, 0.025)
+    out = run_trial(t, "local")
+    assert out.status == "ok", out.error
+    m = out.metrics
+    print({"found": m["server/rate_qps"], "known": known,
+           "probes": json.loads(m["server/search"])})
+    # the sleeps' overshoot and the hand-offs can only lower the rate found
+    assert known * 0.75 <= m["server/rate_qps"] <= known * 1.05
+    assert m["server/met_bound"] and m["serve/ttft_p99_ms"] <= 25.0
+    assert m["serve/tpot_p99_ms"] <= 5.0
+    assert m["server/early_stopping"] == "ttft not met, tpot not met"  # 200 < 459 requests
+    assert m["server/queries"] == 200 and m["server/mlperf_min_duration_met"] is False
+    probes = json.loads(m["server/search"])
+    assert any(not p["passed"] and p["rate_qps"] <= known * 1.15 for p in probes)
+
+
+def test_the_tiny_llama_serves_through_continuous_batching_in_process():
+    """transformers' engine, random weights, forced lengths: every request gets its 12 tokens,
+    the greedy tokens equal an fp32 reference pass of the same weights (the engine in fp32),
+    the KV cache is in use, and the client's stamps follow the engine's."""
+    (t,) = trials({"name": "llama", "preset": "tiny"}, scenario="concurrency", concurrency=3,
+                  samples=9, input_tokens=24, output_tokens=12, accuracy_target=0.99,
+                  accuracy_samples=2, warmup_batches=1)
+    out = run_trial(t, "local")
+    assert out.status == "ok", out.error
+    m = out.metrics
+    assert m["serve/requests"] == 9 and m["serve/failed"] == 0
+    assert m["infer/accuracy"] == 1.0 and m["infer/accuracy_compared"] == 24
+    assert m["serve/kv_use_peak_pct"] > 0 and json.loads(m["serve/engine"])["kv_blocks"] >= 3
+    assert m["serve/ttft_p50_ms"] > 0 and m["serve/tpot_p50_ms"] > 0
+    assert 0 <= m["serve/client_lag_p99_ms"] < 100
+    requests = out.records[0]["requests"]
+    assert [r["tokens"] for r in requests] == [12] * 9
+
+
+@pytest.mark.parametrize("sets, key, problem", [
+    (["inference.output_tokens=1010"], "inference.output_tokens", "more than the 1024"),
+    (["inference.concurrency=0"], "inference.concurrency", "greater than or equal to 1"),
+    (["inference.latency_percentile=null"], "inference.latency_percentile", "valid number"),
+    (["inference.scenario=server", "inference.ttft_bound_ms=null",
+      "inference.tpot_bound_ms=null"], "inference", "needs latency_bound_ms"),
+    (["inference.latency_bound_ms=50"], "inference.latency_bound_ms", "token by token"),
+    (["inference.limits=mlperf-server"], "inference", "sets ttft_bound_ms to 2000"),
+])
+def test_bad_token_input_is_refused_at_load(sets, key, problem):
+    with pytest.raises(SpecError) as e:
+        expand(load_sweep(ROOT / "sweeps" / "llm_serve_cpu.yaml", sets))
+    assert key in str(e.value) and problem in str(e.value), str(e.value)
+
+
+def test_mlperf_limits_and_token_fields_only_where_they_apply():
+    (t,) = trials({"name": "llama"}, scenario="server", limits="mlperf-interactive")
+    assert (t.inference.ttft_bound_ms, t.inference.tpot_bound_ms) == (500.0, 30.0)
+    with pytest.raises(SpecError, match="answers calls, not token streams"):
+        trials({"name": "fixed_service"}, scenario="offline", output_tokens=16)
+    with pytest.raises(SpecError, match="closed-loop users are for token workloads"):
+        trials({"name": "fixed_service"}, scenario="concurrency", concurrency=2)
