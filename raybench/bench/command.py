@@ -1,11 +1,12 @@
 """`python -m raybench.bench`: measurements of raybench itself, and the in-process alias.
 
 `overhead` compares a raybench trial with its workload's bare PyTorch twin and with torchrun
-(overhead.py, twins.py); `forward-check` times a forward-only trial against
-torch.utils.benchmark (forward.py); `chips` compares Ray Data chipping with the reference's
-serial whole-band chipping (chips.py); `history` times the history's appends and reads
-(history.py); `compare` times compare against a run's configurations (comparison.py);
-`verdicts` simulates how often compare's rule errs (verdicts.py).
+(overhead.py, twins.py), an LLM serving trial in-process with the same through Ray
+(serving.py); `forward-check` times a forward-only trial against torch.utils.benchmark
+(forward.py); `chips` compares Ray Data chipping with the reference's serial whole-band
+chipping (chips.py); `history` times the history's appends and reads (history.py); `compare`
+times compare against a run's configurations (comparison.py); `verdicts` simulates how often
+compare's rule errs (verdicts.py).
 `run SWEEP.yaml` is `python -m raybench.sweep SWEEP.yaml --runner local`, kept as a short name.
 """
 
@@ -48,7 +49,8 @@ def _sweep_commands(command: Any, sweep_file: Any) -> None:
     run.add_argument("--output", metavar="DIR", help="run directory (default as for the sweep)")
     run.add_argument("--jsonl", action="store_true", help="a JSON line per finished trial")
     run.add_argument("--resume", action="store_true", help="finish an interrupted run")
-    over = command("overhead", "a raybench trial against its bare twin and torchrun")
+    over = command("overhead", "a raybench trial against its bare twin and torchrun; an LLM "
+                   "serving trial in-process against through Ray")
     sweep_file(over, "sweeps/overhead_cpu.yaml")
     over.add_argument("--rounds", type=int, default=3, metavar="N",
                       help="alternating rounds of each side (default 3)")
@@ -168,6 +170,18 @@ def _with_sweep(args: argparse.Namespace) -> int:
                 workloads.get(t.workload_name).forward_only(t.workload)
             if chosen:
                 console.emit({"raybench_forward_check": forward_check(t)})
+        return 0
+    if args.cmd == "overhead" and trials[0].inference is not None:
+        if not workloads.get(trials[0].workload_name).generates:
+            print(f"raybench: bench overhead compares training trials and LLM serving trials; "
+                  f"{args.sweep}'s first trial serves {trials[0].workload_name} by calls. Fix: "
+                  "give a training sweep or a token workload's (sweeps/llm_serve_cpu.yaml)",
+                  file=sys.stderr)
+            return cli.EXIT_INVALID
+        # the serving scenarios and Ray: only for this command
+        from raybench.bench.serving import serving_overhead
+
+        console.emit({"raybench_serving_overhead": serving_overhead(trials[0], args.rounds)})
         return 0
     if args.cmd == "overhead":
         from raybench.bench.overhead import overhead  # torch: only for this command

@@ -104,7 +104,7 @@ def test_offline_and_users_recover_the_generators_known_times():
     m = out.metrics
     assert m["serve/concurrency"] == 2 and m["serve/requests"] == 12
     assert 20.0 <= m["serve/ttft_p99_ms"] <= 20.0 * 1.1 + 3  # no one waits for a slot
-    assert 1e3 / (5.0 * 1.1 + 0.5) <= m["serve/tokens_per_s_per_user"] <= 200.0
+    assert 1e3 / (5.0 * 1.1 + 0.5) <= m["serve/tokens_per_s_per_user"] <= 200.0 / 0.97
     ideal = 2 * 8 / service
     assert ideal * 0.8 <= m["serve/output_tokens_per_s"] <= ideal * 1.01
 

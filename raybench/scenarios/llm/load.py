@@ -32,10 +32,18 @@ WATCH_S = 0.02  # how often a Server probe counts its late first tokens
 
 @dataclass
 class Replica:
-    """One replica as the client sees it: its token stream, and a way to stop requests."""
+    """One replica as the client sees it (scenarios/llm/host.EngineHost, in-process or behind
+    a Ray actor): queue a request, the stream of every request's progress, end that stream,
+    stop requests."""
 
-    stream: Callable[[str, list[int], int], AsyncIterator[dict[str, Any]]]
+    submit: Callable[[str, list[int], int], Awaitable[None]]
+    events: Callable[[], AsyncIterator[list[tuple]]]
+    end: Callable[[], Awaitable[None]]
     cancel: Callable[[list[str]], Awaitable[None]]
+
+
+CANCELLED = "cancelled: its Server probe had already failed"
+FAILED = "the engine failed the request"
 
 
 @dataclass
@@ -71,7 +79,36 @@ async def run(replicas: Sequence[Replica], load: Load) -> dict[str, Any]:
     inflight = [0] * len(replicas)
     sent = [0] * len(replicas)
     records: list[dict[str, Any]] = []
-    outstanding: dict[str, int] = {}  # request id -> replica, while its tokens come
+    outstanding: dict[str, tuple[int, dict[str, Any], asyncio.Event]] = {}
+
+    async def listen(i: int) -> None:
+        """Replica i's progress, stamped as each item arrives; a stream that breaks fails
+        the replica's requests still running."""
+        try:
+            await _listen(i)
+        except Exception as e:
+            for _, rec, done in [v for v in outstanding.values() if v[0] == i]:
+                rec["error"] = f"{type(e).__name__}: {e}"
+                done.set()
+
+    async def _listen(i: int) -> None:
+        async for batch in replicas[i].events():
+            now = time.monotonic()
+            for rid, count, stamp, finished, ids in batch:
+                entry = outstanding.get(rid)
+                if entry is None:  # a request already given up
+                    continue
+                _, rec, done = entry
+                if count < 0:
+                    rec["error"] = CANCELLED if count == -2 else FAILED
+                else:
+                    new = count - len(rec["engine_stamps"])
+                    rec["engine_stamps"] += [stamp] * new
+                    rec["stamps"] += [now] * new
+                if ids is not None:
+                    rec["tokens"] = ids
+                if finished or count < 0:
+                    done.set()
 
     async def one(k: int, arrival: float) -> None:
         i = min(range(len(replicas)), key=lambda j: (inflight[j], sent[j]))
@@ -83,24 +120,18 @@ async def run(replicas: Sequence[Replica], load: Load) -> dict[str, Any]:
                                "output_tokens": load.output_tokens, "stamps": [],
                                "engine_stamps": [], "error": None, "tokens": None}
         records.append(rec)
-        outstanding[rid] = i
+        done = asyncio.Event()
+        outstanding[rid] = (i, rec, done)
         try:
-            async for ev in replicas[i].stream(rid, load.prompt(k), load.output_tokens):
-                now = time.monotonic()
-                before = len(rec["engine_stamps"])
-                for count, stamp in ev["stamps"]:
-                    rec["engine_stamps"] += [stamp] * (count - len(rec["engine_stamps"]))
-                rec["stamps"] += [now] * (len(rec["engine_stamps"]) - before)
-                if ev.get("error"):
-                    rec["error"] = ev["error"]
-                if ev.get("tokens") is not None:
-                    rec["tokens"] = ev["tokens"]
+            await replicas[i].submit(rid, load.prompt(k), load.output_tokens)
+            await done.wait()
         except Exception as e:  # a replica that fails fails its requests, not the client
             rec["error"] = f"{type(e).__name__}: {e}"
         finally:
             inflight[i] -= 1
             outstanding.pop(rid, None)
 
+    listeners = [asyncio.ensure_future(listen(i)) for i in range(len(replicas))]
     t0 = time.monotonic() + 0.01
     tasks: list[asyncio.Task] = []
     if load.users:
@@ -152,12 +183,14 @@ async def run(replicas: Sequence[Replica], load: Load) -> dict[str, Any]:
             halt.set()
             sender.cancel()
         by_replica: dict[int, list[str]] = {}
-        for rid, i in list(outstanding.items()):
+        for rid, (i, _, _) in list(outstanding.items()):
             by_replica.setdefault(i, []).append(rid)
         await asyncio.gather(*(replicas[i].cancel(rids) for i, rids in by_replica.items()))
     if sender is not None:
         await asyncio.gather(sender, return_exceptions=True)
     await asyncio.gather(*tasks, return_exceptions=True)
+    await asyncio.gather(*(r.end() for r in replicas))
+    await asyncio.gather(*listeners, return_exceptions=True)
     run_s = float(load.arrivals[-1]) if load.arrivals is not None and len(load.arrivals) else None
     return {"records": sorted(records, key=lambda r: r["index"]), "stopped_early": stopped,
             "run_s": run_s}

@@ -1,7 +1,8 @@
-"""One LLM serving trial, on Ray (an async actor per replica, tokens streamed back as Ray
-streaming generators) or in this process (the engines' threads, the client on an event loop).
+"""One LLM serving trial, on Ray (an async actor per replica, tokens streamed back as a Ray
+streaming generator) or in this process (the engines' threads, the client on an event loop).
 
-Owns starting the replicas, the three loads' runs (Offline, Server with its rate search,
+Owns starting the replicas (each request queued by a call, every request's tokens back on one
+stream per replica), the three loads' runs (Offline, Server with its rate search,
 closed-loop users), the row metrics, and turning any failure into a row.
 """
 
@@ -54,12 +55,29 @@ def _local(trial: TrialSpec) -> TrialOutcome:
         devices = [torch.device("cuda", i) for i in range(n)]
     else:
         devices = [torch.device("cpu")] * n
-    hosts = [EngineHost(trial, i, d) for i, d in enumerate(devices)]
+    threads = torch.get_num_threads()
+    if not trial.hardware.use_gpu:
+        # the intra-op threads Ray gives its CPU actors (OMP_NUM_THREADS: the CPUs reserved),
+        # for the replicas together here, as rank/loop.py does for a training rank; on two
+        # cores torch's default of two threads beside the client made the tiny Llama's
+        # in-process engine 0.66 as fast as the same engine behind a one-CPU Ray actor
+        torch.set_num_threads(max(1, int(trial.hardware.cpus_per_worker * n)))
+    try:
+        hosts = [EngineHost(trial, i, d) for i, d in enumerate(devices)]
+    except BaseException:
+        torch.set_num_threads(threads)
+        raise
     try:
         def replica(h: EngineHost) -> load.Replica:
+            async def submit(rid: str, prompt: list[int], n: int) -> None:
+                h.submit(rid, prompt, n)
+
+            async def end() -> None:
+                h.end()
+
             async def cancel(rids: list[str]) -> None:
                 h.cancel(rids)
-            return load.Replica(h.stream, cancel)
+            return load.Replica(submit, h.events, end, cancel)
 
         def measure(on: bool) -> list[list[float]]:
             return [h.measure(on) for h in hosts]
@@ -69,6 +87,7 @@ def _local(trial: TrialSpec) -> TrialOutcome:
     finally:
         for h in hosts:
             h.close()
+        torch.set_num_threads(threads)
 
 
 def _on_ray(trial: TrialSpec, start_timeout_s: float, logical_gpus: bool) -> TrialOutcome:
@@ -80,6 +99,12 @@ def _on_ray(trial: TrialSpec, start_timeout_s: float, logical_gpus: bool) -> Tri
         def __init__(self, trial: TrialSpec, index: int, logical_gpus: bool):
             super().__init__(trial, index, node=ray.util.get_node_ip_address(),
                              logical_gpus=logical_gpus)
+
+        async def submit_async(self, rid: str, prompt: list[int], n: int) -> None:
+            self.submit(rid, prompt, n)
+
+        async def end_async(self) -> None:
+            self.end()
 
         async def cancel_async(self, rids: list[str]) -> None:
             self.cancel(rids)
@@ -102,15 +127,19 @@ def _on_ray(trial: TrialSpec, start_timeout_s: float, logical_gpus: bool) -> Tri
         ray.get([a.stats_async.remote() for a in actors], timeout=start_timeout_s + 600)
 
         def replica(a: Any) -> load.Replica:
-            async def stream(rid: str, prompt: list[int], n: int
-                             ) -> AsyncIterator[dict[str, Any]]:
-                async for ref in a.stream.options(num_returns="streaming").remote(rid, prompt,
-                                                                                  n):
+            async def submit(rid: str, prompt: list[int], n: int) -> None:
+                await a.submit_async.remote(rid, prompt, n)
+
+            async def events() -> AsyncIterator[list[tuple]]:
+                async for ref in a.events.options(num_returns="streaming").remote():
                     yield await ref
+
+            async def end() -> None:
+                await a.end_async.remote()
 
             async def cancel(rids: list[str]) -> None:
                 await a.cancel_async.remote(rids)
-            return load.Replica(stream, cancel)
+            return load.Replica(submit, events, end, cancel)
 
         def measure(on: bool) -> list[list[float]]:
             return ray.get([a.measure_async.remote(on) for a in actors], timeout=60)
