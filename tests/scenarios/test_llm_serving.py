@@ -59,6 +59,16 @@ def test_token_figures_of_constructed_requests():
     assert v["ttft"]["late"] == 2 and v["tpot"]["late"] == 2 and not v["ttft"]["within_bound"]
 
 
+def test_joules_per_output_token_need_every_replicas_energy():
+    reqs = [request(0.0, [0.1, 0.2]), request(0.0, [0.3, 0.4, 0.5])]
+    assert figures.energy(reqs, [30.0, 20.0], [300.0, 200.0]) == {
+        "serve/j_per_output_token": 10.0, "serve/gpu_power_mean_w": 250.0}
+    assert figures.energy(reqs, [30.0, None], [300.0, None])["serve/j_per_output_token"] \
+        is None
+    assert figures.energy(reqs, [], []) == {"serve/j_per_output_token": None,
+                                            "serve/gpu_power_mean_w": None}
+
+
 def test_the_pareto_front_of_a_concurrency_curve():
     # (tokens/s per user, tokens/s per GPU): more users trade speed per user for throughput
     points = [(400, 400), (300, 1000), (100, 1900), (90, 1800), (300, 900), (50, 1900)]

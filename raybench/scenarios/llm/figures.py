@@ -47,6 +47,9 @@ declare(
     Metric("serve/goodput_rps", "requests/s", "requests per second that met every limit set "
            "(TTFT and TPOT bounds)"),
     Metric("serve/limits_met_pct", "%", "share of requests that met every limit set"),
+    Metric("serve/j_per_output_token", "J", "the replicas' GPU energy over the run (NVML) "
+           "per output token"),
+    Metric("serve/gpu_power_mean_w", "W", "the replicas' GPU power, mean over the run"),
     Metric("serve/kv_use_peak_pct", "%", "the engine's KV cache in use, highest sampled"),
     Metric("serve/kv_use_mean_pct", "%", "the engine's KV cache in use, mean of the samples"),
     Metric("serve/usd_per_m_output_tokens", "USD", "what a million output tokens cost at "
@@ -120,6 +123,19 @@ def summarize(requests: list[dict[str, Any]], gpus: int, ttft_s: float | None = 
         out.update(_stats(name, [f[name] for f in figs]))
     out.update(_stats("itl", [g for _, f in ok for g in f["gaps"]]))
     return out
+
+
+def energy(requests: list[dict[str, Any]], energy_j: Sequence[float | None],
+           power_w: Sequence[float | None]) -> dict[str, float | None]:
+    """Joules per output token from each replica's GPU energy over the run (NVML); empty
+    unless every replica has its figure (a CPU replica, a window under a second)."""
+    tokens = sum(len(r["stamps"]) for r in requests if not r.get("error"))
+    whole = bool(energy_j) and all(e is not None for e in energy_j)
+    total = float(sum(energy_j)) if whole else None  # type: ignore[arg-type]
+    watts = [w for w in power_w if w is not None]
+    return {"serve/j_per_output_token": total / tokens if total is not None and tokens
+            else None,
+            "serve/gpu_power_mean_w": float(np.mean(watts)) if watts else None}
 
 
 def verdicts(requests: list[dict[str, Any]], percentile: float, ttft_s: float | None,

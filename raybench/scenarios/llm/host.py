@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from raybench import workloads
+from raybench import telemetry, workloads
 from raybench.context import WorkerContext, check_env
 from raybench.memory import peak_rss_mb, steady_heap
 from raybench.trials import TrialSpec
@@ -75,6 +75,8 @@ class EngineHost:
         self.kv: list[float] = []
         self.sampling = threading.Event()
         self.closed = threading.Event()
+        self.nvml = telemetry.open_sampler(device.index or 0) if device.type == "cuda" \
+            else None
         self.sampler = threading.Thread(target=self._sample_kv, daemon=True,
                                         name="raybench-kv")
         self.sampler.start()
@@ -131,14 +133,20 @@ class EngineHost:
                 if use is not None:
                     self.kv.append(use)
 
-    def measure(self, on: bool) -> list[float]:
-        """Start (or stop and return) the KV cache's samples of a run."""
+    def measure(self, on: bool) -> dict[str, Any]:
+        """Start (or stop and return) a run's samples: the KV cache's use, and on a GPU the
+        NVML window's energy (telemetry.py: empty without NVML or under a second)."""
         if on:
             self.kv = []
             self.sampling.set()
-        else:
-            self.sampling.clear()
-        return list(self.kv)
+            if self.nvml is not None:
+                self.nvml.samples = []
+                self.nvml.start()
+            return {}
+        self.sampling.clear()
+        gpu = telemetry.aggregate(self.nvml.stop(), 1) if self.nvml is not None else {}
+        return {"kv": list(self.kv), "energy_j": gpu.get("energy_j"),
+                "power_mean_w": gpu.get("power_mean_w")}
 
     def submit(self, rid: str, prompt: list[int], n: int) -> None:
         """Queue a request; its progress comes out of `events`."""

@@ -79,7 +79,7 @@ def _local(trial: TrialSpec) -> TrialOutcome:
                 h.cancel(rids)
             return load.Replica(submit, h.events, end, cancel)
 
-        def measure(on: bool) -> list[list[float]]:
+        def measure(on: bool) -> list[dict[str, Any]]:
             return [h.measure(on) for h in hosts]
 
         return _scenario(trial, [replica(h) for h in hosts], measure,
@@ -112,7 +112,7 @@ def _on_ray(trial: TrialSpec, start_timeout_s: float, logical_gpus: bool) -> Tri
         async def stats_async(self) -> dict[str, Any]:
             return self.stats()
 
-        async def measure_async(self, on: bool) -> list[float]:
+        async def measure_async(self, on: bool) -> dict[str, Any]:
             return self.measure(on)
 
         async def close_async(self) -> None:
@@ -141,7 +141,7 @@ def _on_ray(trial: TrialSpec, start_timeout_s: float, logical_gpus: bool) -> Tri
                 await a.cancel_async.remote(rids)
             return load.Replica(submit, events, end, cancel)
 
-        def measure(on: bool) -> list[list[float]]:
+        def measure(on: bool) -> list[dict[str, Any]]:
             return ray.get([a.measure_async.remote(on) for a in actors], timeout=60)
 
         outcome = _scenario(trial, [replica(a) for a in actors], measure,
@@ -166,7 +166,7 @@ def _scenario(trial: TrialSpec, replicas: list[load.Replica], measure, stats_of
     def prompt(k: int) -> list[int]:
         return cls.prompt(trial.workload, k, n_in)
 
-    def go(spec: load.Load) -> tuple[dict[str, Any], list[list[float]]]:
+    def go(spec: load.Load) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         measure(True)
         limit = (float(spec.arrivals[-1]) * 4 if spec.arrivals is not None and
                  len(spec.arrivals) else 0.0) + 600.0
@@ -185,14 +185,14 @@ def _scenario(trial: TrialSpec, replicas: list[load.Replica], measure, stats_of
             spec = load.Load(len(gaps), n_in, n_out, prompt, arrivals=np.cumsum(gaps) / rate,
                              ttft_bound_s=ttft, percentile=inf.latency_percentile,
                              tag=f"p{count[0]}")
-            run, kv = go(spec)
+            run, windows = go(spec)
             verdicts = figures.verdicts(run["records"], inf.latency_percentile, ttft, tpot,
                                         run["run_s"])
             return {"rate_qps": rate, "queries": len(gaps), "run_s": run["run_s"],
                     "mlperf": verdicts, "stopped_early": run["stopped_early"],
                     "passed": not run["stopped_early"] and all(
                         v["within_bound"] for v in verdicts.values()),
-                    "_run": run, "_kv": kv}
+                    "_run": run, "_windows": windows}
 
         if inf.rate_qps is not None:
             result = probe(inf.rate_qps)
@@ -202,17 +202,17 @@ def _scenario(trial: TrialSpec, replicas: list[load.Replica], measure, stats_of
             best, probes = server.search_rate(probe, min(0.5 * capacity, cap), cap,
                                               inf.rate_tolerance_pct, inf.search_seconds)
         shown = best or probes[-1]
-        run, kv = shown["_run"], shown["_kv"]
+        run, windows = shown["_run"], shown["_windows"]
         extra = _server_columns(trial, best, probes, shown, capacity)
     else:
         spec = load.Load(inf.samples, n_in, n_out, prompt,
                          users=inf.concurrency if inf.scenario == "concurrency" else None)
-        run, kv = go(spec)
+        run, windows = go(spec)
     records = run["records"]
     stats = stats_of()
     metrics = figures.summarize(records, inf.replicas, ttft, tpot)
     metrics.update(extra)
-    metrics.update(_facts(trial, records, stats, kv))
+    metrics.update(_facts(trial, records, stats, windows))
     failed = [r["error"] for r in records if r["error"]]
     if failed and inf.scenario != "server":  # a Server probe past its limit cancels requests
         raise RuntimeError(f"{len(failed)} of {len(records)} requests failed: {failed[0]}")
@@ -254,10 +254,10 @@ def _server_columns(trial: TrialSpec, best: dict[str, Any] | None,
 
 
 def _facts(trial: TrialSpec, records: list[dict[str, Any]], stats: list[dict[str, Any]],
-           kv: list[list[float]]) -> dict[str, Any]:
+           windows: list[dict[str, Any]]) -> dict[str, Any]:
     inf = trial.inference
     n_in, n_out = lengths(trial)
-    samples = [x for per in kv for x in per]
+    samples = [x for w in windows for x in w.get("kv", [])]
     served = [sum(1 for r in records if r["replica"] == i) for i in range(len(stats))]
     lag = [c - e for r in records for c, e in zip(r["stamps"], r["engine_stamps"],
                                                    strict=True)]
@@ -273,6 +273,8 @@ def _facts(trial: TrialSpec, records: list[dict[str, Any]], stats: list[dict[str
         "serve/engine": json.dumps(stats[0].get("engine") if stats else None, default=str),
         "serve/client_lag_p99_ms": float(np.percentile(lag, 99) * 1e3)
         if lag and one_node else None,
+        **figures.energy(records, [w.get("energy_j") for w in windows],
+                         [w.get("power_mean_w") for w in windows]),
         "infer/replicas_used": sum(1 for x in served if x),
         "infer/setup_s": max(s["setup_s"] for s in stats) if stats else None,
         **offline.accuracy(agreement, stats, trial),
