@@ -203,6 +203,12 @@ def test_bad_token_input_is_refused_at_load(sets, key, problem):
 def test_mlperf_limits_and_token_fields_only_where_they_apply():
     (t,) = trials({"name": "llama"}, scenario="server", limits="mlperf-interactive")
     assert (t.inference.ttft_bound_ms, t.inference.tpot_bound_ms) == (500.0, 30.0)
+    # a grid over the limit sets, the file's own one of them (each combination's bounds
+    # derived again, not kept from the file's)
+    both = trials({"name": "llama"}, scenario="server", limits="mlperf-server",
+                  grid={"inference.limits": ["mlperf-server", "mlperf-interactive"]})
+    assert [(x.inference.ttft_bound_ms, x.inference.tpot_bound_ms) for x in both] == [
+        (2000.0, 100.0), (500.0, 30.0)]
     with pytest.raises(SpecError, match="answers calls, not token streams"):
         trials({"name": "fixed_service"}, scenario="offline", output_tokens=16)
     with pytest.raises(SpecError, match="closed-loop users are for token workloads"):

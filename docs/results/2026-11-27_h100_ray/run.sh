@@ -87,6 +87,26 @@ print(torch.cuda.get_device_name(0), torch.cuda.device_count())"
         done
       done
       $py $here/trace_summary.py runs/vit_inf_*/trials/*.trace.json ;;
+    # Issue 67 items 2 and 3 (prepared 2026-11-28, not yet run): LLM training and serving.
+    # The 1B preset's four layouts first, then both presets; Ray against torchrun on one trial
+    llm_train_1b) sweep $sw/llm_train.yaml --output runs/llm_train_1b \
+        --set 'grid.preset=[llama3.2-1b]' ;;
+    llm_train) sweep $sw/llm_train.yaml --output runs/llm_train ;;
+    llm_overhead) $py -m raybench.bench overhead $sw/llm_train.yaml --rounds 3 \
+        --set 'grid={preset: [llama3.2-1b], seq_len: [4096]}' ;;
+    # 8B bf16: Offline at four lengths, the Server search under both MLPerf limit sets at
+    # 1000/128, the curve at 128/128, and in-process against through Ray
+    llm_offline) sweep $sw/llm_serve.yaml --output runs/llm_offline ;;
+    llm_server) sweep $sw/llm_serve.yaml --output runs/llm_server \
+        --set inference.scenario=server \
+        --set 'grid={limits: [mlperf-server, mlperf-interactive]}' \
+        --set inference.input_tokens=1000 --set inference.output_tokens=128 ;;
+    llm_curve) sweep $sw/llm_serve.yaml --output runs/llm_curve \
+        --set inference.scenario=concurrency --set inference.concurrency=1 \
+        --set 'grid={concurrency: [1, 4, 16, 64, 256]}' ;;
+    llm_serve_overhead) $py -m raybench.bench overhead $sw/llm_serve.yaml --rounds 3 \
+        --set inference.scenario=concurrency --set inference.concurrency=64 \
+        --set 'grid={concurrency: [64]}' ;;
     *) echo "unknown step $1"; return 2 ;;
   esac
 }
@@ -104,7 +124,7 @@ for name in "$@"; do
   left=$(( deadline - ($(date +%s) - t0) ))
   case $name in
     # Ray trials cost ~20-30 s each beyond their windows on the H200 (2026-11-26 README)
-    facts) max=30;; gpu_tests|ratio_local|tf32_local|offline_ray|vit_local) max=100;; ratio_ray|tf32_ray|server_batch) max=150;; vit_ray|vit_ray6) max=200;; window_probe) max=90;; vit_inf_ab) max=150;; overhead|overhead_group|overhead_window) max=300;; vit_local6) max=150;; *) max=150;;
+    facts) max=30;; gpu_tests|ratio_local|tf32_local|offline_ray|vit_local) max=100;; ratio_ray|tf32_ray|server_batch) max=150;; vit_ray|vit_ray6) max=200;; window_probe) max=90;; vit_inf_ab) max=150;; overhead|overhead_group|overhead_window) max=300;; llm_train_1b|llm_offline|llm_curve) max=200;; llm_train|llm_server|llm_overhead|llm_serve_overhead) max=300;; vit_local6) max=150;; *) max=150;;
   esac
   limit=$(( max < left - 10 ? max : left - 10 ))
   if [ "$limit" -lt 20 ]; then echo "=== SKIP $name (${left}s left)" | tee -a "$log"; continue; fi
