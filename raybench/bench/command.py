@@ -49,8 +49,7 @@ def _sweep_commands(command: Any, sweep_file: Any) -> None:
     run.add_argument("--output", metavar="DIR", help="run directory (default as for the sweep)")
     run.add_argument("--jsonl", action="store_true", help="a JSON line per finished trial")
     run.add_argument("--resume", action="store_true", help="finish an interrupted run")
-    over = command("overhead", "a raybench trial against its bare twin and torchrun; an LLM "
-                   "serving trial in-process against through Ray")
+    over = command("overhead", "a trial against its bare twin and torchrun (serving: Ray)")
     sweep_file(over, "sweeps/overhead_cpu.yaml")
     over.add_argument("--rounds", type=int, default=3, metavar="N",
                       help="alternating rounds of each side (default 3)")
