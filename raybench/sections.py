@@ -312,6 +312,10 @@ class InferenceSpec(Strict):
     output_tokens: int | None = Field(
         None, ge=1, description="token workloads: output tokens per request, forced (no end "
         "of sequence; default 128; MLPerf's Llama-3.1-8B: at most 128)")
+    lengths_file: str | None = Field(
+        None, min_length=1, description="token workloads: a CSV with input_tokens and "
+        "output_tokens columns (a dataset's token counts, a row per request shape); each "
+        "request draws a row, seeded by `seed` (instead of input_tokens / output_tokens)")
     concurrency: int | None = Field(
         None, ge=1, description="the concurrency scenario: users, each sending its next "
         "request when its last one ends; `samples` requests in all")
@@ -336,6 +340,9 @@ class InferenceSpec(Strict):
             if self.latency_percentile != 99.0:
                 raise ValueError(f"limits {self.limits} are MLPerf's at p99, and "
                                  f"latency_percentile says {self.latency_percentile:g}")
+        if self.lengths_file and (self.input_tokens or self.output_tokens):
+            raise ValueError("lengths_file gives each request its lengths: leave input_tokens "
+                             "and output_tokens unset")
         if self.scenario == "concurrency" and self.concurrency is None:
             raise ValueError("the concurrency scenario needs concurrency (its users)")
         return self

@@ -318,7 +318,7 @@ def check_graphs(workload_name: str, hardware: HardwareSpec, inference: Inferenc
                         "choose one: remove hardware.compile or inference.cuda_graphs")
 
 
-TOKEN_FIELDS = ("input_tokens", "output_tokens", "concurrency", "limits")
+TOKEN_FIELDS = ("input_tokens", "output_tokens", "lengths_file", "concurrency", "limits")
 
 
 def check_tokens(workload_name: str, params: WorkloadParams, inference: InferenceSpec,
@@ -343,15 +343,23 @@ def check_tokens(workload_name: str, params: WorkloadParams, inference: Inferenc
                         f"workload {workload_name} is judged token by token", "give "
                         "ttft_bound_ms and tpot_bound_ms (or limits: mlperf-server / "
                         "mlperf-interactive) instead")
-    longest = cls.max_positions(params)
-    n = (inference.input_tokens or 128) + (inference.output_tokens or 128)
-    if longest is not None and n > longest:
-        raise SpecError(source, f"inference.output_tokens{where}", inference.output_tokens,
-                        f"a prompt of {inference.input_tokens or 128} tokens and "
-                        f"{inference.output_tokens or 128} output tokens are {n} positions, "
-                        f"more than the {longest} workload {workload_name} has",
-                        "shorten input_tokens or output_tokens (or raise the workload's "
-                        "max_positions)")
+    # pandas, to read a lengths file: only for token workloads' inference trials
+    from raybench.scenarios.llm import lengths
+
+    try:
+        n = lengths.longest(inference)
+    except ValueError as e:
+        raise SpecError(source, f"inference.lengths_file{where}", inference.lengths_file,
+                        str(e), "give a CSV file with input_tokens and output_tokens columns "
+                        "of whole numbers, a row per request shape") from None
+    positions = cls.max_positions(params)
+    if positions is not None and n > positions:
+        key = "lengths_file" if inference.lengths_file else "output_tokens"
+        raise SpecError(source, f"inference.{key}{where}", getattr(inference, key),
+                        f"a request of {n} positions (prompt and output) is more than the "
+                        f"{positions} workload {workload_name} has",
+                        "shorten input_tokens or output_tokens (or the file's longest "
+                        "requests), or raise the workload's max_positions")
 
 
 def validate_workload(block: Any, source: str) -> tuple[str, WorkloadParams]:

@@ -14,7 +14,7 @@ import pytest
 
 from raybench.grid import expand
 from raybench.scenarios import mlperf, server
-from raybench.scenarios.llm import figures
+from raybench.scenarios.llm import figures, lengths
 from raybench.scenarios.run import run_trial
 from raybench.spec import SpecError, load_sweep, validate_sweep
 from tests.conftest import ROOT
@@ -183,6 +183,41 @@ def test_the_tiny_llama_serves_through_continuous_batching_in_process():
     assert 0 <= m["serve/client_lag_p99_ms"] < 100
     requests = out.records[0]["requests"]
     assert [r["tokens"] for r in requests] == [12] * 9
+
+
+def test_request_lengths_drawn_from_a_file(tmp_path):
+    """Each request draws its lengths from the file's rows (seeded), gets exactly its output
+    tokens, and the row states the means."""
+    path = tmp_path / "lengths.csv"
+    path.write_text("input_tokens,output_tokens\n16,4\n32,8\n8,2\n")
+    (t,) = trials({"name": "fixed_tokens", "slots": 8, "prefill_ms": 1.0, "token_ms": 0.5},
+                  scenario="offline", samples=12, lengths_file=str(path), warmup_batches=1)
+    out = run_trial(t, "local")
+    assert out.status == "ok", out.error
+    drawn = lengths.requests(t.inference, 12)
+    assert len({tuple(x) for x in drawn}) > 1  # not one row for all
+    assert [r["tokens"] for r in out.records[0]["requests"]] == list(drawn[:, 1])
+    assert out.metrics["serve/input_tokens"] == pytest.approx(drawn[:, 0].mean())
+    assert out.metrics["serve/output_tokens"] == pytest.approx(drawn[:, 1].mean())
+    assert (lengths.requests(t.inference, 12) == drawn).all()  # the same draw every time
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("prompt,output_tokens\n16,4\n", "no column input_tokens"),
+    ("input_tokens,output_tokens\n16,0\n", "whole numbers of at least 1"),
+    ("input_tokens,output_tokens\n", "whole numbers of at least 1"),
+    ("input_tokens,output_tokens\n1000,100\n", "is more than the 1024"),
+])
+def test_a_bad_lengths_file_is_refused_at_load(tmp_path, text, problem):
+    path = tmp_path / "lengths.csv"
+    path.write_text(text)
+    with pytest.raises(SpecError) as e:
+        expand(load_sweep(ROOT / "sweeps" / "llm_serve_cpu.yaml", [
+            f"inference.lengths_file={path}", "inference.input_tokens=null",
+            "inference.output_tokens=null"]))
+    assert "inference.lengths_file" in str(e.value) and problem in str(e.value), str(e.value)
+    with pytest.raises(SpecError, match="leave input_tokens"):
+        load_sweep(ROOT / "sweeps" / "llm_serve_cpu.yaml", [f"inference.lengths_file={path}"])
 
 
 @pytest.mark.parametrize("sets, key, problem", [

@@ -27,9 +27,10 @@ QUANTILES = (50, 90, 99)
 declare(
     Metric("serve/requests", "count", "requests sent"),
     Metric("serve/failed", "count", "requests that ended without every token"),
-    Metric("serve/input_tokens", "count", "prompt tokens per request (the trial's)"),
-    Metric("serve/output_tokens", "count", "output tokens per request (forced: no end of "
-           "sequence)"),
+    Metric("serve/input_tokens", "count", "prompt tokens per request (the trial's; drawn from "
+           "inference.lengths_file: their mean)"),
+    Metric("serve/output_tokens", "count", "output tokens per request, forced (no end of "
+           "sequence); from a lengths file: their mean"),
     Metric("serve/concurrency", "count", "closed-loop users (the concurrency scenario)"),
     Metric("serve/wall_s", "s", "from the first arrival to the last token"),
     Metric("serve/requests_per_s", "requests/s", "requests finished per second"),

@@ -27,16 +27,12 @@ import torch
 from raybench import telemetry, workloads
 from raybench.context import WorkerContext, check_env
 from raybench.memory import peak_rss_mb, steady_heap
+from raybench.scenarios.llm import lengths
 from raybench.trials import TrialSpec
 
 KV_SAMPLE_S = 0.05  # how often the KV cache's use is read while requests run
 # prompts of the warmup and of the accuracy check: indices no scenario sends
 WARMUP_INDEX, ACCURACY_INDEX = 2 * 10**9, 10**9
-
-
-def lengths(trial: TrialSpec) -> tuple[int, int]:
-    inf = trial.inference
-    return inf.input_tokens or 128, inf.output_tokens or 128
 
 
 def slots(trial: TrialSpec) -> int:
@@ -64,8 +60,8 @@ class EngineHost:
         ctx.set_math_mode()
         self.workload = self.cls(trial.workload, ctx)
         self.workload.setup_serving()
-        n_in, n_out = lengths(trial)
         inf = trial.inference
+        n_in, n_out = lengths.typical(inf)
         self.check_s = 0.0  # the accuracy check's time, kept out of the start-up time
         self.matches = self.compared = 0
         prompts, reference = [], None
@@ -79,7 +75,7 @@ class EngineHost:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
             self.check_s += time.perf_counter() - began
-        self.engine = self.workload.engine(slots(trial), n_in + n_out)
+        self.engine = self.workload.engine(slots(trial), lengths.longest(inf))
         self.outbox: list[tuple] = []
         self.lock = threading.Lock()
         self.waking = False

@@ -52,9 +52,8 @@ class Load:
     Server: Poisson) or `users` closed-loop users."""
 
     count: int
-    input_tokens: int
-    output_tokens: int
-    prompt: Callable[[int], list[int]]
+    sizes: np.ndarray  # (count, 2): each request's input and output tokens
+    prompt: Callable[[int, int], list[int]]  # request k's prompt of n tokens
     arrivals: np.ndarray | None = None
     users: int | None = None
     ttft_bound_s: float | None = None  # a Server probe stops once its TTFT percentile fails
@@ -115,15 +114,15 @@ async def run(replicas: Sequence[Replica], load: Load) -> dict[str, Any]:
         inflight[i] += 1
         sent[i] += 1
         rid = f"{load.tag}-{k}"
+        n_in, n_out = (int(x) for x in load.sizes[k])
         rec: dict[str, Any] = {"index": k, "replica": i, "arrival": arrival,
-                               "input_tokens": load.input_tokens,
-                               "output_tokens": load.output_tokens, "stamps": [],
+                               "input_tokens": n_in, "output_tokens": n_out, "stamps": [],
                                "engine_stamps": [], "error": None, "tokens": None}
         records.append(rec)
         done = asyncio.Event()
         outstanding[rid] = (i, rec, done)
         try:
-            await replicas[i].submit(rid, load.prompt(k), load.output_tokens)
+            await replicas[i].submit(rid, load.prompt(k, n_in), n_out)
             await done.wait()
         except Exception as e:  # a replica that fails fails its requests, not the client
             rec["error"] = f"{type(e).__name__}: {e}"

@@ -20,8 +20,8 @@ from raybench.columns import Metric, declare
 from raybench.failures import failure
 from raybench.records import TrialOutcome
 from raybench.scenarios import mlperf, offline, server
-from raybench.scenarios.llm import figures, load
-from raybench.scenarios.llm.host import EngineHost, lengths
+from raybench.scenarios.llm import figures, lengths, load
+from raybench.scenarios.llm.host import EngineHost
 from raybench.trials import TrialSpec
 
 declare(
@@ -158,13 +158,12 @@ def _scenario(trial: TrialSpec, replicas: list[load.Replica], measure, stats_of
               ) -> TrialOutcome:
     inf = trial.inference
     cls = workloads.get(trial.workload_name)
-    n_in, n_out = lengths(trial)
     ttft = inf.ttft_bound_ms / 1e3 if inf.ttft_bound_ms else None
     tpot = inf.tpot_bound_ms / 1e3 if inf.tpot_bound_ms else None
     stats = stats_of()
 
-    def prompt(k: int) -> list[int]:
-        return cls.prompt(trial.workload, k, n_in)
+    def prompt(k: int, n: int) -> list[int]:
+        return cls.prompt(trial.workload, k, n)
 
     def go(spec: load.Load) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         measure(True)
@@ -182,7 +181,8 @@ def _scenario(trial: TrialSpec, replicas: list[load.Replica], measure, stats_of
             count[0] += 1
             gaps = server.unit_gaps(inf.seed, server.query_count(rate, inf.probe_seconds,
                                                                  inf.min_queries))
-            spec = load.Load(len(gaps), n_in, n_out, prompt, arrivals=np.cumsum(gaps) / rate,
+            spec = load.Load(len(gaps), lengths.requests(inf, len(gaps)), prompt,
+                             arrivals=np.cumsum(gaps) / rate,
                              ttft_bound_s=ttft, percentile=inf.latency_percentile,
                              tag=f"p{count[0]}")
             run, windows = go(spec)
@@ -205,7 +205,7 @@ def _scenario(trial: TrialSpec, replicas: list[load.Replica], measure, stats_of
         run, windows = shown["_run"], shown["_windows"]
         extra = _server_columns(trial, best, probes, shown, capacity)
     else:
-        spec = load.Load(inf.samples, n_in, n_out, prompt,
+        spec = load.Load(inf.samples, lengths.requests(inf, inf.samples), prompt,
                          users=inf.concurrency if inf.scenario == "concurrency" else None)
         run, windows = go(spec)
     records = run["records"]
@@ -256,7 +256,6 @@ def _server_columns(trial: TrialSpec, best: dict[str, Any] | None,
 def _facts(trial: TrialSpec, records: list[dict[str, Any]], stats: list[dict[str, Any]],
            windows: list[dict[str, Any]]) -> dict[str, Any]:
     inf = trial.inference
-    n_in, n_out = lengths(trial)
     samples = [x for w in windows for x in w.get("kv", [])]
     served = [sum(1 for r in records if r["replica"] == i) for i in range(len(stats))]
     lag = [c - e for r in records for c, e in zip(r["stamps"], r["engine_stamps"],
@@ -265,7 +264,8 @@ def _facts(trial: TrialSpec, records: list[dict[str, Any]], stats: list[dict[str
     agreement = [{"matches": s["matches"], "compared": s["compared"]} for s in stats]
     return {
         "perf/headline_metric": "serve/output_tokens_per_s_per_gpu",
-        "serve/input_tokens": n_in, "serve/output_tokens": n_out,
+        "serve/input_tokens": float(np.mean([r["input_tokens"] for r in records])),
+        "serve/output_tokens": float(np.mean([r["output_tokens"] for r in records])),
         "serve/concurrency": inf.concurrency if inf.scenario == "concurrency" else None,
         "serve/kv_use_peak_pct": 100 * max(samples) if samples else None,
         "serve/kv_use_mean_pct": 100 * float(np.mean(samples)) if samples else None,
