@@ -35,6 +35,7 @@ SIZE_AXIS = "perf/size_axis"
 # Inference rows: the Offline pass's samples/s, the Server rate found (in samples/s).
 OFFLINE = "infer/samples_per_s"
 SERVER = "server/samples_per_s"
+SERVING = "serve/output_tokens_per_s"  # an LLM's serving rows: output tokens, not samples
 REPLICAS = "inference.replicas"
 SCALING = "infer/scaling_efficiency_pct"
 
@@ -148,8 +149,9 @@ def recommend(df: pd.DataFrame, memory_budget_mb: float | None = None) -> dict[s
     varied = varied_columns(bench)
     judged = with_validity(bench).to_dict("records")
     # Training rows rank by training throughput; an inference sweep by its Offline samples/s,
-    # else by the Server rate found.
-    key = next((k for k in (THROUGHPUT, OFFLINE, SERVER)
+    # else by the Server rate found; an LLM's serving rows by output tokens/s (per GPU: their
+    # headline, below).
+    key = next((k for k in (THROUGHPUT, OFFLINE, SERVER, SERVING)
                 if any(r["valid"] and _num(r.get(k)) for r in judged)), THROUGHPUT)
     rows = [r for r in judged if r["valid"] and _num(r.get(key))]
     out: dict[str, Any] = {"fastest": None, "fastest_within_budget": None,
@@ -230,6 +232,8 @@ def rate_text(pick: dict[str, Any]) -> str:
         if abs(value) >= scale:
             value, prefix = value / scale, p
             break
+    if headline["metric"].startswith(SERVING.split("/")[0] + "/"):  # tokens, not samples
+        return f"{value:.1f} {prefix}{unit} ({headline['metric'].split('/')[1]})"
     return f"{text} ({value:.1f} {prefix}{unit})"
 
 

@@ -248,3 +248,25 @@ def test_mlperf_limits_and_token_fields_only_where_they_apply():
         trials({"name": "fixed_service"}, scenario="offline", output_tokens=16)
     with pytest.raises(SpecError, match="closed-loop users are for token workloads"):
         trials({"name": "fixed_service"}, scenario="concurrency", concurrency=2)
+
+
+def test_the_report_draws_the_curve_and_ranks_serving_rows_by_tokens():
+    import pandas as pd
+
+    from raybench.report import serving
+    from raybench.report.assess import rate_text, recommend
+
+    rows = [{"trial_key": f"k{c}", "status": "ok", "stage": "benchmark",
+             "workload.name": "llama", "inference.scenario": "concurrency",
+             "inference.concurrency": c, "serve/concurrency": c, "serve/requests": 64,
+             "serve/output_tokens_per_s": per_gpu, "serve/output_tokens_per_s_per_gpu": per_gpu,
+             "serve/tokens_per_s_per_user": user,
+             "perf/headline_metric": "serve/output_tokens_per_s_per_gpu"}
+            for c, per_gpu, user in ((1, 400.0, 400.0), (4, 1400.0, 350.0), (16, 1300.0, 90.0))]
+    df = pd.DataFrame(rows)
+    fig = serving.throughput_vs_speed(df)
+    (trace,) = fig.data
+    assert list(trace.text) == ["1", "4", "16"]
+    assert list(trace.marker.symbol) == ["star", "star", "circle"]  # 16 users: beaten by 4
+    best = recommend(df)["fastest"]
+    assert best["trial_key"] == "k4" and "1.4 ktokens/s" in rate_text(best)
