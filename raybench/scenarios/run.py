@@ -63,13 +63,13 @@ declare(
 def run_trial(trial: TrialSpec, runner: str, start_timeout_s: float = 30.0,
               logical_gpus: bool = False) -> TrialOutcome:
     """`logical_gpus` (Ray only): GPUs are placement tokens, replicas compute on CPU."""
-    if workloads.get(trial.workload_name).generates:
-        # token streams and their engines: torch and the engine's library only then
-        from raybench.scenarios.llm.run import run_trial as run_llm
-
-        return run_llm(trial, runner, start_timeout_s, logical_gpus)
     try:
         with _local_env(trial, runner):
+            if workloads.get(trial.workload_name).generates:
+                # token streams and their engines: only for a token workload's trials
+                from raybench.scenarios.llm.run import run_trial as run_llm
+
+                return run_llm(trial, runner, start_timeout_s, logical_gpus)
             if trial.inference.scenario == "offline":
                 if runner == "ray":
                     records, stats = offline.run_ray(trial, start_timeout_s, logical_gpus)
