@@ -126,9 +126,14 @@ class RowWriter:
                  result["largest_batch"], result["probes"])
 
     def _append(self, row: dict[str, Any]) -> None:
-        rate, usd = row.get("serve/output_tokens_per_s_per_gpu"), self.spec.system.gpu_hour_usd
-        if usd is not None and rate:  # a serving row's cost, from what the sweep says a GPU costs
-            row["serve/usd_per_m_output_tokens"] = usd / 3600 / rate * 1e6
+        if self.spec.system.gpu_hour_usd is not None:  # a serving row's cost: priced GPUs only
+            # the serving figures (scipy, through MLPerf's rules): only where GPUs have a price
+            from raybench.scenarios.llm.figures import usd_per_m_tokens
+
+            cost = usd_per_m_tokens(self.spec.system.gpu_hour_usd,
+                                    row.get("serve/output_tokens_per_s_per_gpu"))
+            if cost is not None:
+                row["serve/usd_per_m_output_tokens"] = cost
         complete(row, self.system, self.measured_peaks,
                  f"{self.table.dir} row {row.get('trial_key')}")
         with interrupts.row_section():

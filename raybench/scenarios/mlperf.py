@@ -26,6 +26,7 @@ from scipy.stats import binom
 CONFIDENCE = 0.99  # LoadGen's early stopping: `double confidence = 0.99;`
 TOLERANCE = 0.0  # ... `double tolerance = 0.0;`
 SERVER_MIN_DURATION_S = 600.0
+MIN_DURATION_S = SERVER_MIN_DURATION_S  # mlperf.conf sets Offline's the same (`*.Offline.`)
 MIN_QUERIES = 100
 
 

@@ -55,8 +55,16 @@ def test_token_figures_of_constructed_requests():
     # only the second met both bounds (TTFT <= 80 ms, TPOT <= 50 ms)
     assert m["serve/goodput_rps"] == pytest.approx(1 / 0.59)
     assert m["serve/limits_met_pct"] == pytest.approx(100 / 3)
+    assert m["serve/mlperf_min_duration_met"] is False  # 0.6 s of MLPerf's 600
     v = figures.verdicts(reqs, 99.0, 0.08, 0.05, run_s=0.6)
     assert v["ttft"]["late"] == 2 and v["tpot"]["late"] == 2 and not v["ttft"]["within_bound"]
+
+
+def test_the_cost_of_a_million_output_tokens():
+    # 2.5 USD a GPU hour at 1,000 output tokens/s per GPU: 3.6 M tokens an hour
+    assert figures.usd_per_m_tokens(2.5, 1000.0) == pytest.approx(2.5 / 3.6)
+    assert figures.usd_per_m_tokens(None, 1000.0) is None
+    assert figures.usd_per_m_tokens(2.5, None) is None
 
 
 def test_joules_per_output_token_need_every_replicas_energy():

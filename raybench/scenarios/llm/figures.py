@@ -53,6 +53,8 @@ declare(
     Metric("serve/gpu_power_mean_w", "W", "the replicas' GPU power, mean over the run"),
     Metric("serve/kv_use_peak_pct", "%", "the engine's KV cache in use, highest sampled"),
     Metric("serve/kv_use_mean_pct", "%", "the engine's KV cache in use, mean of the samples"),
+    Metric("serve/mlperf_min_duration_met", "bool", "the run lasted MLPerf's 600 s minimum "
+           "(mlperf.conf: Offline and Server alike); a short run is not a submittable one"),
     Metric("serve/usd_per_m_output_tokens", "USD", "what a million output tokens cost at "
            "system.gpu_hour_usd a GPU (results/writer.py); empty where unset"),
 )
@@ -119,11 +121,20 @@ def summarize(requests: list[dict[str, Any]], gpus: int, ttft_s: float | None = 
         "serve/tokens_per_s_per_user": float(np.mean(speeds)) if speeds else None,
         "serve/goodput_rps": good / wall if wall > 0 else None,
         "serve/limits_met_pct": 100.0 * good / len(requests) if requests else None,
+        "serve/mlperf_min_duration_met": wall >= mlperf.MIN_DURATION_S,
     }
     for name in ("ttft", "tpot", "e2e"):
         out.update(_stats(name, [f[name] for f in figs]))
     out.update(_stats("itl", [g for _, f in ok for g in f["gaps"]]))
     return out
+
+
+def usd_per_m_tokens(gpu_hour_usd: float | None, tokens_per_s_per_gpu: float | None
+                     ) -> float | None:
+    """What a million output tokens cost at this price of a GPU hour and this rate per GPU."""
+    if gpu_hour_usd is None or not tokens_per_s_per_gpu:
+        return None
+    return gpu_hour_usd / 3600 / tokens_per_s_per_gpu * 1e6
 
 
 def energy(requests: list[dict[str, Any]], energy_j: Sequence[float | None],
