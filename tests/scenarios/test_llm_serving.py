@@ -278,3 +278,21 @@ def test_the_report_draws_the_curve_and_ranks_serving_rows_by_tokens():
     assert list(trace.marker.symbol) == ["star", "star", "circle"]  # 16 users: beaten by 4
     best = recommend(df)["fastest"]
     assert best["trial_key"] == "k4" and "1.4 ktokens/s" in rate_text(best)
+
+
+def test_published_serving_figures_stand_beside_rows_of_the_same_lengths_not_as_equals():
+    import pandas as pd
+
+    from raybench.report.reference import compare
+
+    row = {"trial_key": "k", "status": "ok", "valid": True, "device": "NVIDIA H100 80GB HBM3",
+           "workload.name": "llama", "workload.preset": "llama3.1-8b",
+           "hardware.precision": "bf16", "inference.scenario": "offline",
+           "serve/input_tokens": 128, "serve/output_tokens": 128,
+           "serve/output_tokens_per_s_per_gpu": 2831.2}
+    (line,) = compare(pd.DataFrame([row]))
+    assert line["published_per_gpu"] == 28312.0 and line["ratio"] == pytest.approx(0.1)
+    assert line["unit"] == "output tokens/s" and "not like for like" in line["note"]
+    assert "TensorRT-LLM" in line["source"]
+    other = {**row, "serve/input_tokens": 1000, "serve/output_tokens": 128}
+    assert compare(pd.DataFrame([other])) == []  # no published figure at 1000/128
