@@ -296,3 +296,23 @@ def test_published_serving_figures_stand_beside_rows_of_the_same_lengths_not_as_
     assert "TensorRT-LLM" in line["source"]
     other = {**row, "serve/input_tokens": 1000, "serve/output_tokens": 128}
     assert compare(pd.DataFrame([other])) == []  # no published figure at 1000/128
+
+
+def test_a_replica_that_fails_to_start_is_a_row_and_stops_its_engine(monkeypatch):
+    """Its engine's threads would keep the process alive (transformers' loop is no daemon)."""
+    import threading
+
+    from raybench.scenarios.llm.host import EngineHost
+
+    def broken(self, prompts, n):
+        raise RuntimeError("warmup broke")
+
+    monkeypatch.setattr(EngineHost, "run_together", broken)
+    (t,) = trials({"name": "fixed_tokens", "slots": 3}, scenario="offline", samples=4,
+                  input_tokens=4, output_tokens=4, replicas=2)
+    out = run_trial(t, "local")
+    assert out.status == "error" and "warmup broke" in out.error
+    for thread in threading.enumerate():
+        if thread.name.startswith("raybench-slot"):
+            thread.join(timeout=5)
+            assert not thread.is_alive(), thread.name

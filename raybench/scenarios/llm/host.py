@@ -82,6 +82,20 @@ class EngineHost:
                 torch.cuda.empty_cache()
             self.check_s += time.perf_counter() - began
         self.engine = self.workload.engine(slots(trial), lengths.longest(inf))
+        try:
+            self._start(prompts, reference, n_in, n_out)
+        except BaseException:
+            # the engine's threads may keep a process alive (transformers' loop is not a
+            # daemon): a replica that fails to start stops them before it says so
+            self.close()
+            raise
+        self.setup_s = time.perf_counter() - start - self.check_s
+
+    def _start(self, prompts: list[list[int]], reference: list[list[int]] | None, n_in: int,
+               n_out: int) -> None:
+        """What follows the engine's start: the stream's and samplers' state, the warmup
+        requests, the accuracy check."""
+        trial, device, inf = self.trial, self.device, self.trial.inference
         self.outbox: list[tuple] = []
         self.lock = threading.Lock()
         self.waking = False
@@ -105,7 +119,6 @@ class EngineHost:
             self.check_s += time.perf_counter() - began
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        self.setup_s = time.perf_counter() - start - self.check_s
 
     def run_together(self, prompts: list[list[int]], n: int) -> tuple[list[list[int]], float]:
         """Every prompt at once, waiting for all: their tokens and the seconds it took."""
@@ -220,5 +233,6 @@ class EngineHost:
         }
 
     def close(self) -> None:
-        self.closed.set()
+        if hasattr(self, "closed"):
+            self.closed.set()
         self.engine.close()

@@ -62,9 +62,13 @@ def _local(trial: TrialSpec) -> TrialOutcome:
         # cores torch's default of two threads beside the client made the tiny Llama's
         # in-process engine 0.66 as fast as the same engine behind a one-CPU Ray actor
         torch.set_num_threads(max(1, int(trial.hardware.cpus_per_worker * n)))
+    hosts: list[EngineHost] = []
     try:
-        hosts = [EngineHost(trial, i, d) for i, d in enumerate(devices)]
-    except BaseException:
+        for i, d in enumerate(devices):
+            hosts.append(EngineHost(trial, i, d))
+    except BaseException:  # the replicas already started stop with the one that failed
+        for h in hosts:
+            h.close()
         torch.set_num_threads(threads)
         raise
     try:
