@@ -316,3 +316,14 @@ def test_a_replica_that_fails_to_start_is_a_row_and_stops_its_engine(monkeypatch
         if thread.name.startswith("raybench-slot"):
             thread.join(timeout=5)
             assert not thread.is_alive(), thread.name
+
+
+def test_one_server_run_at_a_fixed_rate_needs_no_warmup():
+    (t,) = trials({"name": "fixed_tokens", "slots": 4, "prefill_ms": 2.0, "token_ms": 1.0},
+                  scenario="server", rate_qps=50.0, ttft_bound_ms=200.0, warmup_batches=0,
+                  probe_seconds=0.5, min_queries=40, input_tokens=8, output_tokens=4)
+    out = run_trial(t, "local")
+    assert out.status == "ok", out.error
+    m = out.metrics
+    assert m["server/rate_qps"] == 50.0 and m["server/probes"] == 1
+    assert m["server/queries"] == 40 and m["serve/requests"] == 40

@@ -178,36 +178,8 @@ def _scenario(trial: TrialSpec, replicas: list[load.Replica], measure, stats_of
 
     extra: dict[str, Any] = {}
     if inf.scenario == "server":
-        capacity = _capacity(stats)
-        count = [0]
-
-        def probe(rate: float) -> dict[str, Any]:
-            count[0] += 1
-            gaps = server.unit_gaps(inf.seed, server.query_count(rate, inf.probe_seconds,
-                                                                 inf.min_queries))
-            spec = load.Load(len(gaps), lengths.requests(inf, len(gaps)), prompt,
-                             arrivals=np.cumsum(gaps) / rate,
-                             ttft_bound_s=ttft, percentile=inf.latency_percentile,
-                             tag=f"p{count[0]}")
-            run, windows = go(spec)
-            verdicts = figures.verdicts(run["records"], inf.latency_percentile, ttft, tpot,
-                                        run["run_s"])
-            return {"rate_qps": rate, "queries": len(gaps), "run_s": run["run_s"],
-                    "mlperf": verdicts, "stopped_early": run["stopped_early"],
-                    "passed": not run["stopped_early"] and all(
-                        v["within_bound"] for v in verdicts.values()),
-                    "_run": run, "_windows": windows}
-
-        if inf.rate_qps is not None:
-            result = probe(inf.rate_qps)
-            best, probes = (result if result["passed"] else None), [result]
-        else:
-            cap = inf.rate_max_qps or 1.5 * capacity
-            best, probes = server.search_rate(probe, min(0.5 * capacity, cap), cap,
-                                              inf.rate_tolerance_pct, inf.search_seconds)
-        shown = best or probes[-1]
-        run, windows = shown["_run"], shown["_windows"]
-        extra = _server_columns(trial, best, probes, shown, capacity)
+        capacity = _capacity(stats) if inf.rate_qps is None else 0.0  # no search: no start
+        run, windows, extra = _server(trial, capacity, go, prompt)
     else:
         spec = load.Load(inf.samples, lengths.requests(inf, inf.samples), prompt,
                          users=inf.concurrency if inf.scenario == "concurrency" else None)
@@ -221,6 +193,43 @@ def _scenario(trial: TrialSpec, replicas: list[load.Replica], measure, stats_of
     if failed and inf.scenario != "server":  # a Server probe past its limit cancels requests
         raise RuntimeError(f"{len(failed)} of {len(records)} requests failed: {failed[0]}")
     return TrialOutcome(status="ok", metrics=metrics, records=[_kept(records)], ranks=stats)
+
+
+def _server(trial: TrialSpec, capacity: float, go: Any, prompt: Any
+            ) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
+    """The Server scenario: one run at `rate_qps`, or the search from the replicas' capacity;
+    the run shown (the best passing, else the last), its windows and the server columns."""
+    inf = trial.inference
+    ttft = inf.ttft_bound_ms / 1e3 if inf.ttft_bound_ms else None
+    tpot = inf.tpot_bound_ms / 1e3 if inf.tpot_bound_ms else None
+    count = [0]
+
+    def probe(rate: float) -> dict[str, Any]:
+        count[0] += 1
+        gaps = server.unit_gaps(inf.seed, server.query_count(rate, inf.probe_seconds,
+                                                             inf.min_queries))
+        spec = load.Load(len(gaps), lengths.requests(inf, len(gaps)), prompt,
+                         arrivals=np.cumsum(gaps) / rate, ttft_bound_s=ttft,
+                         percentile=inf.latency_percentile, tag=f"p{count[0]}")
+        run, windows = go(spec)
+        verdicts = figures.verdicts(run["records"], inf.latency_percentile, ttft, tpot,
+                                    run["run_s"])
+        return {"rate_qps": rate, "queries": len(gaps), "run_s": run["run_s"],
+                "mlperf": verdicts, "stopped_early": run["stopped_early"],
+                "passed": not run["stopped_early"] and all(
+                    v["within_bound"] for v in verdicts.values()),
+                "_run": run, "_windows": windows}
+
+    if inf.rate_qps is not None:
+        result = probe(inf.rate_qps)
+        best, probes = (result if result["passed"] else None), [result]
+    else:
+        cap = inf.rate_max_qps or 1.5 * capacity
+        best, probes = server.search_rate(probe, min(0.5 * capacity, cap), cap,
+                                          inf.rate_tolerance_pct, inf.search_seconds)
+    shown = best or probes[-1]
+    return (shown["_run"], shown["_windows"],
+            _server_columns(trial, best, probes, shown, capacity))
 
 
 def _capacity(stats: list[dict[str, Any]]) -> float:
