@@ -328,6 +328,12 @@ class InferenceSpec(Strict):
         "deployed inference does; an eager forward of a small batch is bound by the host's "
         "kernel launches. Workloads resnet and efficientnet")
 
+    @property
+    def token_bounds_s(self) -> tuple[float | None, float | None]:
+        """ttft_bound_ms and tpot_bound_ms in seconds (None: not set)."""
+        return (None if self.ttft_bound_ms is None else self.ttft_bound_ms / 1e3,
+                None if self.tpot_bound_ms is None else self.tpot_bound_ms / 1e3)
+
     @model_validator(mode="after")
     def _limits(self) -> InferenceSpec:
         if self.limits is not None:

@@ -187,3 +187,15 @@ class Replica:
             # JSON: these facts travel as Ray Data columns, where a dict is no plain value
             "score": json.dumps(self.score) if self.score is not None else None,
         }
+
+
+def local_devices(trial: TrialSpec) -> list[torch.device]:
+    """The devices of a trial's replicas in this process: a GPU each, or the CPU."""
+    n = trial.inference.replicas
+    if not trial.hardware.use_gpu:
+        return [torch.device("cpu")] * n
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if n > have:
+        raise RuntimeError(f"infeasible: {n} GPU replicas asked but this machine has {have} "
+                           "GPUs")
+    return [torch.device("cuda", i) for i in range(n)]

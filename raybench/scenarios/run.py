@@ -23,7 +23,7 @@ from raybench.columns import Metric, declare
 from raybench.failures import failure
 from raybench.records import TrialOutcome
 from raybench.scenarios import mlperf, offline, server
-from raybench.scenarios.replica import Replica
+from raybench.scenarios.replica import Replica, local_devices
 from raybench.trials import TrialSpec, derive
 
 QUERY_POOL = 64  # distinct query inputs a Server run cycles through (made once, sent many times)
@@ -74,7 +74,7 @@ def run_trial(trial: TrialSpec, runner: str, start_timeout_s: float = 30.0,
                 if runner == "ray":
                     records, stats = offline.run_ray(trial, start_timeout_s, logical_gpus)
                 else:
-                    records, stats = offline.run_local(trial, _local_devices(trial))
+                    records, stats = offline.run_local(trial, local_devices(trial))
                 metrics = offline.summarize(records, stats, trial)
                 return TrialOutcome(status="ok", metrics=metrics, records=records, ranks=stats)
             if runner == "ray":
@@ -106,17 +106,6 @@ def _local_env(trial: TrialSpec, runner: str) -> Iterator[None]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-
-
-def _local_devices(trial: TrialSpec) -> list[torch.device]:
-    n = trial.inference.replicas
-    if not trial.hardware.use_gpu:
-        return [torch.device("cpu")] * n
-    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if n > have:
-        raise RuntimeError(f"infeasible: {n} GPU replicas asked but this machine has {have} "
-                           "GPUs")
-    return [torch.device("cuda", i) for i in range(n)]
 
 
 def query_ids(trial: TrialSpec, k: int) -> np.ndarray:
@@ -196,7 +185,7 @@ def _query_inputs(trial: TrialSpec) -> list[dict[str, np.ndarray]]:
 def _server_local(trial: TrialSpec) -> TrialOutcome:
     # Warmup calls carry batch_size samples; a query carries query_samples.
     trial = _query_sized(trial)
-    replicas = [Replica(trial, i, d) for i, d in enumerate(_local_devices(trial))]
+    replicas = [Replica(trial, i, d) for i, d in enumerate(local_devices(trial))]
     pools = [ThreadPoolExecutor(1, thread_name_prefix=f"replica{i}") for i in range(len(replicas))]
     inputs = _query_inputs(trial)
 

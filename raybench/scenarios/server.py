@@ -241,8 +241,7 @@ def run_search(replicas: Sequence[Call], inf: Any, capacity_qps: float,
                ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """The Server scenario over ready replicas: one fixed rate, or the search."""
     bound_s = inf.latency_bound_ms / 1e3 if inf.latency_bound_ms else None
-    tokens_s = tuple(None if b is None else b / 1e3
-                     for b in (inf.ttft_bound_ms, inf.tpot_bound_ms))
+    tokens_s = inf.token_bounds_s
 
     def probe(rate: float) -> dict[str, Any]:
         gaps = unit_gaps(inf.seed, query_count(rate, inf.probe_seconds, inf.min_queries))

@@ -9,6 +9,7 @@ engine of a sweep serves the same requests. Pure but for reading the file.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +21,18 @@ COLUMNS = ("input_tokens", "output_tokens")
 
 
 def read(path: str) -> np.ndarray:
-    """The file's (input, output) rows; ValueError naming what is wrong."""
+    """The file's (input, output) rows, read-only; ValueError naming what is wrong. Read once
+    while the file stays as it is: a trial asks for it at load, per replica and per probe."""
     p = Path(path)
     if not p.is_file():
         raise ValueError(f"{path} is not a file")
+    stat = p.stat()
+    return _read(str(p), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _read(path: str, mtime_ns: int, size: int) -> np.ndarray:
+    p = Path(path)
     try:
         table = pd.read_csv(p)
     except Exception as e:  # a binary file, a broken quote: one line says which
@@ -37,7 +46,9 @@ def read(path: str) -> np.ndarray:
             pd.api.types.is_integer_dtype(values[c]) for c in COLUMNS) or (values < 1).any().any():
         raise ValueError(f"{path}: every row needs whole numbers of at least 1 in "
                          f"{' and '.join(COLUMNS)}, and the file at least one row")
-    return values.to_numpy(dtype=np.int64)
+    rows = values.to_numpy(dtype=np.int64)
+    rows.setflags(write=False)  # shared by every caller
+    return rows
 
 
 def of_requests(table: np.ndarray, seed: int, count: int) -> np.ndarray:

@@ -22,6 +22,7 @@ from raybench.records import TrialOutcome
 from raybench.scenarios import mlperf, offline, server
 from raybench.scenarios.llm import figures, lengths, load
 from raybench.scenarios.llm.host import EngineHost
+from raybench.scenarios.replica import local_devices
 from raybench.trials import TrialSpec
 
 declare(
@@ -46,22 +47,14 @@ def run_trial(trial: TrialSpec, runner: str, start_timeout_s: float = 30.0,
 
 
 def _local(trial: TrialSpec) -> TrialOutcome:
-    n = trial.inference.replicas
-    if trial.hardware.use_gpu:
-        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if n > have:
-            raise RuntimeError(f"infeasible: {n} GPU replicas asked but this machine has "
-                               f"{have} GPUs")
-        devices = [torch.device("cuda", i) for i in range(n)]
-    else:
-        devices = [torch.device("cpu")] * n
+    devices = local_devices(trial)
     threads = torch.get_num_threads()
     if not trial.hardware.use_gpu:
         # the intra-op threads Ray gives its CPU actors (OMP_NUM_THREADS: the CPUs reserved),
         # for the replicas together here, as rank/loop.py does for a training rank; on two
         # cores torch's default of two threads beside the client made the tiny Llama's
         # in-process engine 0.66 as fast as the same engine behind a one-CPU Ray actor
-        torch.set_num_threads(max(1, int(trial.hardware.cpus_per_worker * n)))
+        torch.set_num_threads(max(1, int(trial.hardware.cpus_per_worker * len(devices))))
     hosts: list[EngineHost] = []
     try:
         for i, d in enumerate(devices):
@@ -162,9 +155,6 @@ def _scenario(trial: TrialSpec, replicas: list[load.Replica], measure, stats_of
               ) -> TrialOutcome:
     inf = trial.inference
     cls = workloads.get(trial.workload_name)
-    ttft = inf.ttft_bound_ms / 1e3 if inf.ttft_bound_ms else None
-    tpot = inf.tpot_bound_ms / 1e3 if inf.tpot_bound_ms else None
-    stats = stats_of()
 
     def prompt(k: int, n: int) -> list[int]:
         return cls.prompt(trial.workload, k, n)
@@ -178,15 +168,16 @@ def _scenario(trial: TrialSpec, replicas: list[load.Replica], measure, stats_of
 
     extra: dict[str, Any] = {}
     if inf.scenario == "server":
-        capacity = _capacity(stats) if inf.rate_qps is None else 0.0  # no search: no start
+        # the search starts from the replicas' warmup; one run at a fixed rate needs none
+        capacity = _capacity(stats_of()) if inf.rate_qps is None else 0.0
         run, windows, extra = _server(trial, capacity, go, prompt)
     else:
         spec = load.Load(inf.samples, lengths.requests(inf, inf.samples), prompt,
                          users=inf.concurrency if inf.scenario == "concurrency" else None)
         run, windows = go(spec)
     records = run["records"]
-    stats = stats_of()
-    metrics = figures.summarize(records, inf.replicas, ttft, tpot)
+    stats = stats_of()  # after the run: its peak memory
+    metrics = figures.summarize(records, inf.replicas, *inf.token_bounds_s)
     metrics.update(extra)
     metrics.update(_facts(trial, records, stats, windows))
     failed = [r["error"] for r in records if r["error"]]
@@ -200,8 +191,7 @@ def _server(trial: TrialSpec, capacity: float, go: Any, prompt: Any
     """The Server scenario: one run at `rate_qps`, or the search from the replicas' capacity;
     the run shown (the best passing, else the last), its windows and the server columns."""
     inf = trial.inference
-    ttft = inf.ttft_bound_ms / 1e3 if inf.ttft_bound_ms else None
-    tpot = inf.tpot_bound_ms / 1e3 if inf.tpot_bound_ms else None
+    ttft, tpot = inf.token_bounds_s
     count = [0]
 
     def probe(rate: float) -> dict[str, Any]:
