@@ -322,6 +322,15 @@ class InferenceSpec(Strict):
     limits: Literal["mlperf-server", "mlperf-interactive"] | None = Field(
         None, description="MLPerf's Llama-3.1-8B limits at p99: server TTFT 2,000 ms and "
         "TPOT 100 ms, interactive 500 ms and 30 ms (sets ttft_bound_ms and tpot_bound_ms)")
+    loadgen: bool = Field(
+        False, description="MLPerf's official LoadGen (pip install 'raybench[mlperf]') drives "
+        "the replicas as its system under test: server: after raybench's search, one LoadGen "
+        "run at the rate found (or rate_qps) confirms it; offline: LoadGen's Offline scenario "
+        "at the replicas' measured capacity. Its logs are kept in the trial's folder, its "
+        "verdict and figures are loadgen/* columns. Workloads answering in one call")
+    loadgen_seconds: float = Field(
+        600.0, gt=0, description="LoadGen's min_duration: MLPerf's 600 s for a submittable "
+        "run; a shorter one LoadGen itself marks min duration not met")
     cuda_graphs: bool = Field(
         False, description="GPU replicas replay their forward as CUDA graphs, one captured per "
         "batch size (powers of two up to the largest call), each call padded to the next, as "
@@ -351,6 +360,11 @@ class InferenceSpec(Strict):
                              "and output_tokens unset")
         if self.scenario == "concurrency" and self.concurrency is None:
             raise ValueError("the concurrency scenario needs concurrency (its users)")
+        if self.loadgen and self.scenario == "concurrency":
+            raise ValueError("LoadGen has no closed-loop users scenario: loadgen runs with "
+                             "scenario offline or server")
+        if self.loadgen and self.scenario == "server" and self.latency_bound_ms is None:
+            raise ValueError("loadgen in the server scenario judges latency_bound_ms: set it")
         return self
 
     @model_validator(mode="after")

@@ -76,7 +76,8 @@ KEY_NEUTRAL: dict[str, dict[str, Any]] = {
     "measure": {"max_repeats": None},
     "inference": {"cuda_graphs": False, "ttft_bound_ms": None, "tpot_bound_ms": None,
                   "input_tokens": None, "output_tokens": None, "concurrency": None,
-                  "limits": None, "lengths_file": None},
+                  "limits": None, "lengths_file": None, "loadgen": False,
+                  "loadgen_seconds": 600.0},
 }
 _MISSING = object()
 

@@ -49,7 +49,7 @@ def run_local(trial: TrialSpec, trace_dir: str | None = None) -> TrialOutcome:
     if why:
         return TrialOutcome.failed("infeasible", why)
     if trial.inference is not None:
-        return run_scenario(trial, "local")
+        return run_scenario(trial, "local", artifacts=artifact_dir(trace_dir, trial))
     hw = trial.hardware
     try:
         if hw.world_size == 1 and not hw.env:  # hardware.env: a fresh process, set at start

@@ -34,7 +34,7 @@ from raybench.failures import failure
 from raybench.records import TrialOutcome
 from raybench.runners.serial import PR_SET_PDEATHSIG, SerialRunner
 from raybench.scenarios.run import run_trial as run_scenario
-from raybench.trials import TrialSpec
+from raybench.trials import TrialSpec, artifact_dir
 
 LAUNCHER = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1"]
 TAIL = 3000  # characters of the launcher's output an error row keeps
@@ -56,8 +56,7 @@ class TorchrunRunner(SerialRunner):
 def run_torchrun(trial: TrialSpec, trace_dir: str, timeout_s: float | None) -> TrialOutcome:
     """One trial's ranks under torchrun; its outcome, a failed one as a row's status."""
     if trial.inference is not None:  # replicas, not ranks: in this process
-
-        return run_scenario(trial, "local")
+        return run_scenario(trial, "local", artifacts=artifact_dir(trace_dir, trial))
     hw = trial.hardware
     env = {**os.environ, **hw.env}
     if hw.nccl_between_ranks:  # to read back which network NCCL chose

@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import Iterator
+import tempfile
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,7 +24,7 @@ from raybench import workloads
 from raybench.columns import Metric, declare
 from raybench.failures import failure
 from raybench.records import TrialOutcome
-from raybench.scenarios import mlperf, offline, server
+from raybench.scenarios import loadgen, mlperf, offline, server
 from raybench.scenarios.replica import Replica, local_devices
 from raybench.trials import TrialSpec, derive
 
@@ -61,8 +63,9 @@ declare(
 
 
 def run_trial(trial: TrialSpec, runner: str, start_timeout_s: float = 30.0,
-              logical_gpus: bool = False) -> TrialOutcome:
-    """`logical_gpus` (Ray only): GPUs are placement tokens, replicas compute on CPU."""
+              logical_gpus: bool = False, artifacts: str | None = None) -> TrialOutcome:
+    """`logical_gpus` (Ray only): GPUs are placement tokens, replicas compute on CPU.
+    `artifacts`: the trial's own folder (LoadGen's logs go there)."""
     try:
         with _local_env(trial, runner):
             if workloads.get(trial.workload_name).generates:
@@ -70,7 +73,7 @@ def run_trial(trial: TrialSpec, runner: str, start_timeout_s: float = 30.0,
                 from raybench.scenarios.llm.run import run_trial as run_llm
 
                 return run_llm(trial, runner, start_timeout_s, logical_gpus)
-            if trial.inference.scenario == "offline":
+            if trial.inference.scenario == "offline" and not trial.inference.loadgen:
                 if runner == "ray":
                     records, stats = offline.run_ray(trial, start_timeout_s, logical_gpus)
                 else:
@@ -78,8 +81,8 @@ def run_trial(trial: TrialSpec, runner: str, start_timeout_s: float = 30.0,
                 metrics = offline.summarize(records, stats, trial)
                 return TrialOutcome(status="ok", metrics=metrics, records=records, ranks=stats)
             if runner == "ray":
-                return _server_ray(trial, start_timeout_s, logical_gpus)
-            return _server_local(trial)
+                return _server_ray(trial, start_timeout_s, logical_gpus, artifacts)
+            return _server_local(trial, artifacts)
     except Exception as e:  # a failed trial is a row
         return failure(e, trial.resources())
 
@@ -159,17 +162,19 @@ def _plain(probe: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in probe.items() if k != "_run"}
 
 
-def _capacity(trial: TrialSpec, stats: list[dict[str, Any]]) -> float:
+def _capacity(trial: TrialSpec, stats: list[dict[str, Any]],
+              per_call: int | None = None) -> float:
     """Queries per second the replicas can answer back to back, from their warmup calls (of
-    the largest batch of queries a call may take); 0 where the sweep fixes the rate."""
+    the largest batch of queries a call may take, `per_call` queries; default
+    max_batch_queries); 0 where the sweep fixes the rate."""
     inf = trial.inference
-    if inf.rate_qps is not None:
+    if inf.rate_qps is not None and per_call is None:
         return 0.0
     times = [s["warmup_service_s"] for s in stats if s.get("warmup_service_s")]
     if not times:
         raise ValueError("the server search needs inference.warmup_batches >= 1 to estimate "
                          "the replicas' capacity (or set rate_qps / rate_max_qps)")
-    return sum(inf.max_batch_queries / t for t in times)
+    return sum((per_call or inf.max_batch_queries) / t for t in times)
 
 
 def batch_ids(trial: TrialSpec, ks: list[int]) -> np.ndarray:
@@ -182,7 +187,7 @@ def _query_inputs(trial: TrialSpec) -> list[dict[str, np.ndarray]]:
     return [cls.serving_inputs(trial.workload, query_ids(trial, k)) for k in range(QUERY_POOL)]
 
 
-def _server_local(trial: TrialSpec) -> TrialOutcome:
+def _server_local(trial: TrialSpec, artifacts: str | None) -> TrialOutcome:
     # Warmup calls carry batch_size samples; a query carries query_samples.
     trial = _query_sized(trial)
     replicas = [Replica(trial, i, d) for i, d in enumerate(local_devices(trial))]
@@ -198,19 +203,65 @@ def _server_local(trial: TrialSpec) -> TrialOutcome:
         return call
 
     try:
-        stats = [r.stats() for r in replicas]
-        capacity = _capacity(trial, stats)
-        best, probes = server.run_search([call_of(i) for i in range(len(replicas))],
-                                         trial.inference, capacity)
-        return server_outcome(trial, best, probes, [r.stats() for r in replicas], capacity)
+        return _serve(trial, [call_of(i) for i in range(len(replicas))],
+                      [r.stats() for r in replicas], lambda: [r.stats() for r in replicas],
+                      artifacts)
     finally:
         for p in pools:
             p.shutdown(wait=False)
 
 
+def _serve(trial: TrialSpec, calls: list[server.Call], stats: list[dict[str, Any]],
+           stats_of: Callable[[], list[dict[str, Any]]], artifacts: str | None
+           ) -> TrialOutcome:
+    """The scenario over ready replicas' calls (`stats`: their facts at start, `stats_of`
+    asks them again after the run): the Server search (then, with inference.loadgen,
+    LoadGen's run at the rate found), or LoadGen's Offline."""
+    inf = trial.inference
+    if inf.scenario == "offline":  # only with loadgen: raybench's own pass is offline.py's
+        capacity = _capacity(trial, stats, _offline_queries_per_call(trial))
+        run = loadgen.run(calls, inf, "offline", capacity, _loadgen_dir(trial, artifacts),
+                          _offline_queries_per_call(trial), QUERY_POOL)
+        stats = stats_of()
+        metrics = {**offline.summarize(run["records"], stats, trial),
+                   **loadgen.columns(run, _shown_dir(trial, artifacts))}
+        return TrialOutcome(status="ok", metrics=metrics, records=run["records"], ranks=stats)
+    capacity = _capacity(trial, stats)
+    best, probes = server.run_search(calls, inf, capacity)
+    confirmed = None
+    if inf.loadgen and best is not None:  # as a submitter works: the rate found, confirmed
+        confirmed = loadgen.run(calls, inf, "server", best["rate_qps"],
+                                _loadgen_dir(trial, artifacts), inf.max_batch_queries,
+                                QUERY_POOL)
+    outcome = server_outcome(trial, best, probes, stats_of(), capacity)
+    if confirmed is not None:
+        outcome.metrics.update(loadgen.columns(confirmed, _shown_dir(trial, artifacts)))
+    return outcome
+
+
+def _offline_queries_per_call(trial: TrialSpec) -> int:
+    """LoadGen's Offline: a free replica takes up to a batch of waiting samples."""
+    return max(1, trial.workload.batch_size // trial.inference.query_samples)
+
+
+def _loadgen_dir(trial: TrialSpec, artifacts: str | None) -> Path:
+    """LoadGen's logs: in the trial's folder, or (no folder: a bare run_trial) a new
+    temporary one."""
+    if artifacts:
+        return Path(artifacts) / "loadgen"
+    return Path(tempfile.mkdtemp(prefix=f"raybench-loadgen-{trial.key}-"))
+
+
+def _shown_dir(trial: TrialSpec, artifacts: str | None) -> str | None:
+    return str(Path(artifacts) / "loadgen") if artifacts else None
+
+
 def _query_sized(trial: TrialSpec) -> TrialSpec:
     """The trial whose warmup batch is the largest call a replica takes (one query, or
-    max_batch_queries of them), so the measured warmup time is that call's."""
+    max_batch_queries of them), so the measured warmup time is that call's. LoadGen's
+    Offline keeps the workload's batch, its largest call."""
+    if trial.inference.scenario == "offline":
+        return trial
     b = trial.inference.query_samples * trial.inference.max_batch_queries
     return derive(trial, rekey=False, workload={"batch_size": b})
 
@@ -223,8 +274,8 @@ class _RayServerReplica(Replica):
                          logical_gpus=logical_gpus)
 
 
-def _server_ray(trial: TrialSpec, start_timeout_s: float, logical_gpus: bool
-                ) -> TrialOutcome:
+def _server_ray(trial: TrialSpec, start_timeout_s: float, logical_gpus: bool,
+                artifacts: str | None) -> TrialOutcome:
     import ray  # Ray: only on its path; the local runner runs where Ray is not installed
 
     trial = _query_sized(trial)
@@ -245,11 +296,9 @@ def _server_ray(trial: TrialSpec, start_timeout_s: float, logical_gpus: bool
                                                     *[refs[k % QUERY_POOL] for k in ks])
             return call
 
-        capacity = _capacity(trial, stats)
-        best, probes = server.run_search([call_of(r) for r in replicas], trial.inference,
-                                         capacity)
-        stats = ray.get([r.stats.remote() for r in replicas], timeout=60)
-        return server_outcome(trial, best, probes, stats, capacity)
+        return _serve(trial, [call_of(r) for r in replicas], stats,
+                      lambda: ray.get([r.stats.remote() for r in replicas], timeout=60),
+                      artifacts)
     finally:
         for r in replicas:
             ray.kill(r)

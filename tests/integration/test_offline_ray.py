@@ -70,3 +70,29 @@ def test_the_replica_is_kept_busy_through_ray_data(embedded_ray):
     # overlaps its bookkeeping with a call, never two calls
     spans = sorted((r["t_start"], r["t_end"]) for r in calls)
     assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
+
+
+@pytest.mark.serial  # rates of a known service time: alone, on the Ray started above
+def test_loadgen_drives_replica_actors(embedded_ray, tmp_path):
+    """MLPerf's LoadGen with a replica actor as its system under test: its Server run at a
+    fixed rate (no search), a row with LoadGen's figures and its logs in the trial's folder,
+    the replica answering every query LoadGen sent (LoadGen's Offline, and the run against
+    raybench's own, in-process: tests/scenarios/test_loadgen.py)."""
+    pytest.importorskip("mlperf_loadgen")
+    from raybench.scenarios.run import run_trial
+
+    (trial,) = expand(validate_sweep({**SWEEP, "workload": {
+        "name": "fixed_service", "service_ms": 5.0}, "inference": {
+        "scenario": "server", "rate_qps": 50.0, "latency_bound_ms": 100.0, "probe_seconds": 1.0,
+        "min_queries": 50, "loadgen": True, "loadgen_seconds": 2.0}}))
+    out = run_trial(trial, "ray", 60.0, artifacts=str(tmp_path))
+    assert out.status == "ok", out.error
+    m = out.metrics
+    print({k: v for k, v in m.items() if k.startswith("loadgen/")})
+    assert (tmp_path / "loadgen" / "mlperf_log_summary.txt").exists()
+    assert m["loadgen/log_dir"] == str(tmp_path / "loadgen")
+    # 2 s at 50 queries/s: about 100 queries, each 5 ms, far under 100 ms
+    assert m["loadgen/scenario"] == "Server" and m["loadgen/target_qps"] == 50.0
+    assert m["loadgen/scheduled_samples_per_s"] == pytest.approx(50.0, rel=0.25)
+    assert m["loadgen/queries"] >= 50 and 5.0 <= m["loadgen/p50_ms"] < 100.0
+    assert m["server/rate_qps"] == 50.0  # raybench's own run at that rate passed first

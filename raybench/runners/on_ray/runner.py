@@ -80,7 +80,7 @@ class RayRunner(Runner):
         if not trials:
             return
         if trials[0].inference is not None:
-            _scenarios(self.spec, trials, done)
+            _scenarios(self.spec, trials, done, str(self.out / "trials"))
             return
         # a cluster joined may grow nodes later (an autoscaler): only an embedded Ray is sure
         # to be this one machine
@@ -90,7 +90,7 @@ class RayRunner(Runner):
         rows.failed(tuner.fit())
 
 
-def _scenarios(spec, trials: list[TrialSpec], done: Done) -> None:
+def _scenarios(spec, trials: list[TrialSpec], done: Done, trials_dir: str) -> None:
     """Inference trials, one after another from the driver: their replicas (actors, a Ray
     Data actor pool) are the parallel part, and a Tune trial around them would only add a
     resource request that must fit beside theirs."""
@@ -100,7 +100,7 @@ def _scenarios(spec, trials: list[TrialSpec], done: Done) -> None:
     for t in trials:
         start = now()
         outcome = run_scenario(t, "ray", spec.execution.start_timeout_s,
-                               spec.execution.logical_gpus)
+                               spec.execution.logical_gpus, artifact_dir(trials_dir, t))
         outcome.start_time, outcome.end_time = start, now()
         done(t, outcome)
 

@@ -1,0 +1,277 @@
+"""MLPerf's official LoadGen as the load (`inference.loadgen: true`): raybench's replicas as its
+system under test, its logs read back into row columns.
+
+Owns the SUT (LoadGen's queries wait in one FIFO queue and go to whichever replica is free, up
+to `max_batch` waiting queries a call: the dispatch of scenarios/server.run_load, with LoadGen
+choosing when each query arrives), LoadGen's settings from the sweep, a watchdog that answers
+the outstanding queries of a replica that stopped answering (LoadGen waits for every query
+and has no time limit of its own), and the reading of a LoadGen log directory
+(`read_log`, `columns`), which `raybench import` uses too.
+
+Sources (mlcommons/inference, `loadgen/`): the Python API of `bindings/python_api.cc`
+(ConstructSUT, ConstructQSL, StartTestWithLogSettings, QuerySamplesComplete), the settings of
+`test_settings.h`, the log keys of `results.cc` (`result_validity`, `early_stopping_met`,
+`result_<p>_percentile_latency_ns`, ...). Checked with mlcommons-loadgen 6.0.17.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import threading
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from raybench.columns import Metric, declare
+from raybench.failures import Infeasible
+
+Call = Callable[[list[int]], Awaitable[dict[str, Any]]]
+DETAIL = "mlperf_log_detail.txt"
+SUMMARY = "mlperf_log_summary.txt"
+# A replica that has answered nothing for this long has stopped: its queries are answered
+# for it so that LoadGen ends, and the trial is an error row.
+STALL_S = 120.0
+
+declare(
+    Metric("loadgen/validity", "text", "LoadGen's verdict on its run (VALID / INVALID)"),
+    Metric("loadgen/valid", "bool", "LoadGen called its run VALID"),
+    Metric("loadgen/scenario", "text", "LoadGen's scenario (Server, Offline)"),
+    Metric("loadgen/target_qps", "queries/s", "the rate LoadGen was asked for (Server: the "
+           "search's rate or rate_qps; Offline: the expected rate)"),
+    Metric("loadgen/scheduled_samples_per_s", "samples/s", "Server: the rate LoadGen "
+           "scheduled"),
+    Metric("loadgen/samples_per_s", "samples/s", "Server: completed samples/s; Offline: "
+           "LoadGen's result"),
+    Metric("loadgen/p{q}_ms", "ms", "LoadGen's latency percentile"),
+    Metric("loadgen/queries", "count", "queries LoadGen sent"),
+    Metric("loadgen/late", "count", "queries over the latency bound (LoadGen's count)"),
+    Metric("loadgen/early_stopping_met", "bool", "LoadGen's early stopping certified the "
+           "percentile"),
+    Metric("loadgen/perf_constraints_met", "bool", "LoadGen's latency constraint met"),
+    Metric("loadgen/min_duration_met", "bool", "the run lasted the minimum duration asked"),
+    Metric("loadgen/min_queries_met", "bool", "the run sent the minimum query count asked"),
+    Metric("loadgen/min_duration_s", "s", "the minimum duration asked (MLPerf's: 600 s)"),
+    Metric("loadgen/duration_s", "s", "LoadGen's run, its first query to its last answer"),
+    Metric("loadgen/version", "text", "LoadGen's version"),
+    Metric("loadgen/log_dir", "text", "LoadGen's logs (summary, detail) of this trial"),
+)
+
+
+def load_module() -> Any:
+    try:
+        import mlperf_loadgen  # optional: raybench[mlperf]
+    except ImportError as e:
+        raise Infeasible(
+            "inference.loadgen needs MLPerf's LoadGen, which is not installed "
+            f"({e}). Fix: pip install 'raybench[mlperf]' (the mlcommons-loadgen package), or "
+            "set inference.loadgen: false") from e
+    return mlperf_loadgen
+
+
+class Dispatch:
+    """LoadGen's SUT: an event loop in a thread of its own, one worker per replica taking the
+    oldest waiting query (and up to max_batch - 1 more already waiting) in one call."""
+
+    def __init__(self, lg: Any, calls: Sequence[Call], max_batch: int,
+                 stall_s: float | None = None):
+        self.lg, self.calls, self.max_batch = lg, list(calls), max_batch
+        self.stall_s = STALL_S if stall_s is None else stall_s
+        self.records: list[dict[str, Any]] = []
+        self.errors: list[BaseException] = []
+        self.outstanding: dict[int, int] = {}  # LoadGen's response id -> sample index
+        self.last_answer = time.monotonic()
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True,
+                                        name="raybench-loadgen-sut")
+
+    def __enter__(self) -> Dispatch:
+        self._thread.start()
+        self.queue: asyncio.Queue[tuple[int, int]] = asyncio.run_coroutine_threadsafe(
+            self._queue(), self.loop).result()
+        self._workers = [asyncio.run_coroutine_threadsafe(self._worker(c), self.loop)
+                         for c in self.calls]
+        self._watch = threading.Thread(target=self._watchdog, daemon=True,
+                                       name="raybench-loadgen-watchdog")
+        self._watch.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        asyncio.run_coroutine_threadsafe(self._cancel(), self.loop).result(timeout=30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=30)
+        self._watch.join(timeout=30)
+
+    async def _queue(self) -> asyncio.Queue:
+        return asyncio.Queue()
+
+    async def _cancel(self) -> None:
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def issue(self, samples: list[Any]) -> None:
+        """LoadGen's IssueQuery, on its issuing thread: queue and return at once."""
+        items = [(s.id, s.index) for s in samples]
+        with self._lock:
+            if not self.outstanding:  # the watchdog's clock starts with the first query
+                self.last_answer = time.monotonic()
+            self.outstanding.update(items)
+        self.loop.call_soon_threadsafe(self._put, items)
+
+    def flush(self) -> None:
+        """LoadGen's FlushQueries: nothing is held back to flush."""
+
+    def _put(self, items: list[tuple[int, int]]) -> None:
+        for item in items:
+            self.queue.put_nowait(item)
+
+    async def _worker(self, call: Call) -> None:
+        while True:
+            batch = [await self.queue.get()]
+            while len(batch) < self.max_batch and not self.queue.empty():
+                batch.append(self.queue.get_nowait())
+            try:
+                self.records.append(await call([index for _, index in batch]))
+            except Exception as e:  # answered anyway, so LoadGen ends; the trial is an error
+                self.errors.append(e)
+            self._complete([qid for qid, _ in batch])
+
+    def _complete(self, ids: list[int]) -> None:
+        with self._lock:
+            ids = [q for q in ids if self.outstanding.pop(q, None) is not None]
+            self.last_answer = time.monotonic()
+        if ids:
+            self.lg.QuerySamplesComplete([self.lg.QuerySampleResponse(q, 0, 0) for q in ids])
+
+    def _watchdog(self) -> None:
+        while not self._done.wait(1.0):
+            with self._lock:
+                stalled = bool(self.outstanding) and (
+                    time.monotonic() - self.last_answer > self.stall_s)
+                ids = list(self.outstanding) if stalled else []
+            if ids:
+                self.errors.append(TimeoutError(
+                    f"the replicas answered no query for {self.stall_s:.0f} s with {len(ids)} "
+                    "of LoadGen's queries waiting: they were answered for them so that "
+                    "LoadGen could end"))
+                self._complete(ids)
+
+
+def settings(lg: Any, inf: Any, scenario: str, target_qps: float) -> Any:
+    """LoadGen's TestSettings from the trial's `inference` section."""
+    s = lg.TestSettings()
+    s.mode = lg.TestMode.PerformanceOnly
+    if scenario == "server":
+        s.scenario = lg.TestScenario.Server
+        s.server_target_qps = target_qps
+        s.server_target_latency_ns = int(inf.latency_bound_ms * 1e6)
+        s.server_target_latency_percentile = inf.latency_percentile / 100.0
+    else:
+        s.scenario = lg.TestScenario.Offline
+        s.offline_expected_qps = target_qps
+    s.min_duration_ms = int(inf.loadgen_seconds * 1000)
+    s.min_query_count = inf.min_queries
+    s.qsl_rng_seed = s.sample_index_rng_seed = s.schedule_rng_seed = inf.seed
+    return s
+
+
+def run(calls: Sequence[Call], inf: Any, scenario: str, target_qps: float, out_dir: Path,
+        max_batch: int, samples: int) -> dict[str, Any]:
+    """One LoadGen run over the replicas' calls; its log read back (`read_log`), the replica
+    records it collected under `records`. A replica error raises after LoadGen has ended."""
+    lg = load_module()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    output = lg.LogOutputSettings()
+    output.outdir = str(out_dir)
+    output.copy_summary_to_stdout = False
+    log_settings = lg.LogSettings()
+    log_settings.log_output = output
+    log_settings.enable_trace = False  # a trace of every query: megabytes, read by no one here
+    with Dispatch(lg, calls, max_batch) as sut:
+        handle = lg.ConstructSUT(sut.issue, sut.flush)
+        qsl = lg.ConstructQSL(samples, samples, lambda _: None, lambda _: None)
+        try:
+            lg.StartTestWithLogSettings(handle, qsl, settings(lg, inf, scenario, target_qps),
+                                        log_settings)
+        finally:
+            lg.DestroyQSL(qsl)
+            lg.DestroySUT(handle)
+    if sut.errors:
+        raise sut.errors[0]
+    return {**read_log(out_dir), "records": sut.records}
+
+
+def read_log(folder: Path) -> dict[str, Any]:
+    """The `:::MLLOG` lines of a LoadGen `mlperf_log_detail.txt`, key -> value (a key logged
+    twice keeps its last value). A folder without one raises FileNotFoundError."""
+    out: dict[str, Any] = {}
+    with open(Path(folder) / DETAIL, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            _, marker, payload = line.partition(":::MLLOG")
+            if not marker:
+                continue
+            try:
+                entry = json.loads(payload)
+            except json.JSONDecodeError:
+                continue  # a line cut by a run that died: the rest still read
+            if isinstance(entry, dict) and "key" in entry:
+                out[entry["key"]] = entry.get("value")
+    if not out:
+        raise ValueError(f"{Path(folder) / DETAIL} holds no :::MLLOG line")
+    return out
+
+
+def columns(log: dict[str, Any], log_dir: str | None = None) -> dict[str, Any]:
+    """Row columns (`loadgen/*`) of one LoadGen run's log (pure)."""
+    def num(key: str) -> float | None:
+        v = log.get(key)
+        return float(v) if isinstance(v, int | float) and math.isfinite(v) else None
+
+    def ms(key: str) -> float | None:
+        v = num(key)
+        return None if v is None else v / 1e6
+
+    scenario = log.get("effective_scenario") or log.get("requested_scenario")
+    offline = scenario == "Offline"
+    validity = log.get("result_validity")
+    out: dict[str, Any] = {
+        "loadgen/validity": validity,
+        "loadgen/valid": None if validity is None else validity == "VALID",
+        "loadgen/scenario": scenario,
+        "loadgen/target_qps": num("effective_target_qps"),
+        "loadgen/scheduled_samples_per_s": None if offline else num(
+            "result_scheduled_samples_per_sec"),
+        "loadgen/samples_per_s": num("result_samples_per_second") if offline else num(
+            "result_completed_samples_per_sec"),
+        "loadgen/queries": num("result_query_count"),
+        "loadgen/late": num("result_overlatency_query_count"),
+        "loadgen/early_stopping_met": log.get("early_stopping_met"),
+        "loadgen/perf_constraints_met": log.get("result_perf_constraints_met"),
+        "loadgen/min_duration_met": log.get("result_min_duration_met"),
+        "loadgen/min_queries_met": log.get("result_min_queries_met"),
+        "loadgen/min_duration_s": None if num("effective_min_duration_ms") is None else
+        num("effective_min_duration_ms") / 1e3,
+        "loadgen/duration_s": _duration_s(log),
+        "loadgen/version": log.get("loadgen_version"),
+        "loadgen/log_dir": log_dir,
+    }
+    for q in (50, 90, 99):
+        out[f"loadgen/p{q}_ms"] = ms(f"result_{q:.2f}_percentile_latency_ns")
+    return out
+
+
+def _duration_s(log: dict[str, Any]) -> float | None:
+    """LoadGen's samples over its completed rate (it logs no duration of its own)."""
+    n = log.get("result_query_count")
+    rate = log.get("result_completed_samples_per_sec", log.get("result_samples_per_second"))
+    spq = log.get("effective_samples_per_query") or 1
+    if isinstance(n, int | float) and isinstance(rate, int | float) and rate > 0:
+        return float(n * spq / rate)
+    return None

@@ -1,0 +1,183 @@
+"""MLPerf's official LoadGen (mlcommons-loadgen) driving raybench's replicas: its runs, its logs
+read back, the rows, and what stops it from hanging. Every run here is LoadGen's own."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import sys
+import time
+
+import pytest
+
+from raybench.runners.local import run_local
+from raybench.scenarios import loadgen
+from raybench.spec import SpecError
+from tests.scenarios.test_scenarios_local import sweep
+
+lg = pytest.importorskip("mlperf_loadgen")
+
+
+class Inference:
+    """The inference fields loadgen.settings reads."""
+
+    def __init__(self, **kw):
+        self.latency_bound_ms, self.latency_percentile = 30.0, 99.0
+        self.loadgen_seconds, self.min_queries, self.seed = 1.0, 50, 3
+        self.__dict__.update(kw)
+
+
+def sleeper(ms: float, calls: list | None = None):
+    async def call(ks: list[int]) -> dict:
+        began = time.perf_counter()
+        await asyncio.sleep(ms / 1e3)
+        if calls is not None:
+            calls.append(list(ks))
+        return {"n": len(ks), "service_s": time.perf_counter() - began}
+    return call
+
+
+def summary_value(text: str, label: str) -> str:
+    """A `label : value` line of LoadGen's own mlperf_log_summary.txt."""
+    m = re.search(rf"^{re.escape(label)}\s*:\s*(.+)$", text, re.M)
+    assert m, (label, text)
+    return m.group(1).strip()
+
+
+def test_a_server_run_is_loadgen_s_and_its_log_reads_back_as_its_summary_says(tmp_path):
+    """Two replicas of 4 ms, 60 queries/s for 1.5 s: the columns read from the detail log are
+    the figures LoadGen's own summary prints, and every query reached a replica."""
+    calls: list[list[int]] = []
+    run = loadgen.run([sleeper(4, calls), sleeper(4, calls)],
+                      Inference(loadgen_seconds=1.5, min_queries=50), "server", 60.0,
+                      tmp_path, max_batch=1, samples=64)
+    summary = (tmp_path / loadgen.SUMMARY).read_text()
+    cols = loadgen.columns(run, str(tmp_path))
+    assert summary_value(summary, "Scenario") == cols["loadgen/scenario"] == "Server"
+    assert summary_value(summary, "Result is") == cols["loadgen/validity"]
+    assert cols["loadgen/samples_per_s"] == pytest.approx(
+        float(summary_value(summary, "Completed samples per second")), abs=0.01)
+    assert cols["loadgen/p99_ms"] == pytest.approx(
+        int(summary_value(summary, "99.00 percentile latency (ns)")) / 1e6)
+    assert cols["loadgen/target_qps"] == 60.0 and cols["loadgen/min_duration_s"] == 1.5
+    assert cols["loadgen/min_duration_met"] is True and cols["loadgen/version"].startswith("6.")
+    # 1.5 s at 60/s: about 90 queries, each answered once, by a replica of 4 ms (and a
+    # percentile that cannot be under the service time)
+    n = int(cols["loadgen/queries"])
+    assert n >= 50 and sum(len(c) for c in calls) == n == len(run["records"])
+    assert all(0 <= k < 64 for c in calls for k in c)
+    assert 4.0 <= cols["loadgen/p50_ms"] <= cols["loadgen/p99_ms"]
+    assert cols["loadgen/duration_s"] == pytest.approx(n / cols["loadgen/samples_per_s"])
+
+
+def test_a_replica_that_stops_answering_ends_loadgen_s_run_with_an_error(tmp_path,
+                                                                         monkeypatch):
+    """LoadGen waits for every query with no limit of its own: the watchdog answers them for
+    a replica that stopped, LoadGen ends, and the run raises."""
+    async def stuck(ks: list[int]) -> dict:
+        await asyncio.sleep(3600)
+        return {}
+
+    monkeypatch.setattr(loadgen, "STALL_S", 1.0)
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match="answered no query for 1 s"):
+        loadgen.run([stuck], Inference(loadgen_seconds=0.3, min_queries=5), "server", 20.0,
+                    tmp_path, max_batch=1, samples=8)
+    assert time.monotonic() - t0 < 20
+
+
+def test_a_replica_that_raises_fails_the_run_after_loadgen_ends(tmp_path):
+    async def broken(ks: list[int]) -> dict:
+        raise ValueError("replica broke")
+
+    with pytest.raises(ValueError, match="replica broke"):
+        loadgen.run([broken], Inference(loadgen_seconds=0.2, min_queries=5), "server", 50.0,
+                    tmp_path, max_batch=1, samples=8)
+    assert (tmp_path / loadgen.DETAIL).exists()  # LoadGen ended and wrote its log
+
+
+def test_an_offline_trial_through_loadgen_keeps_its_logs_and_agrees_with_its_own_clock(
+        tmp_path):
+    """LoadGen's Offline scenario on two fixed_service replicas of 5 ms taking up to 4
+    samples a call: the row holds LoadGen's figures beside raybench's own of the same calls
+    (first call's start to last call's end), and LoadGen's logs stay in the trial's folder."""
+    (t,) = sweep({"name": "fixed_service", "service_ms": 5.0, "batch_size": 4},
+                 scenario="offline", replicas=2, loadgen=True, loadgen_seconds=1.0,
+                 min_queries=200)
+    out = run_local(t, str(tmp_path))
+    assert out.status == "ok", out.error
+    m = out.metrics
+    folder = tmp_path / f"{t.index:04d}_{t.key}" / "loadgen"
+    assert m["loadgen/log_dir"] == str(folder) and (folder / loadgen.SUMMARY).exists()
+    assert m["loadgen/scenario"] == "Offline" and m["loadgen/valid"] is True
+    assert m["infer/samples"] >= 200 and m["infer/replicas_used"] == 2
+    # two replicas of 4 samples per 5 ms: 1,600 samples/s at most
+    assert m["loadgen/samples_per_s"] <= 1600 and m["infer/samples_per_s"] <= 1600
+    assert m["infer/samples_per_s"] == pytest.approx(m["loadgen/samples_per_s"], rel=0.1)
+
+
+def test_loadgen_settings_come_from_the_sweep_and_bad_ones_are_refused():
+    s = loadgen.settings(lg, Inference(latency_bound_ms=25.0, latency_percentile=90.0,
+                                       loadgen_seconds=12.5, min_queries=300, seed=7),
+                         "server", 42.0)
+    assert (s.scenario, s.server_target_qps, s.server_target_latency_ns) == (
+        lg.TestScenario.Server, 42.0, 25_000_000)
+    assert s.server_target_latency_percentile == pytest.approx(0.9)
+    assert (s.min_duration_ms, s.min_query_count, s.schedule_rng_seed) == (12500, 300, 7)
+    o = loadgen.settings(lg, Inference(), "offline", 99.0)
+    assert o.scenario == lg.TestScenario.Offline and o.offline_expected_qps == 99.0
+    with pytest.raises(ValueError, match="no closed-loop users"):
+        sweep({"name": "llama", "preset": "tiny"}, scenario="concurrency", concurrency=2,
+              loadgen=True)
+    with pytest.raises(ValueError, match="judges latency_bound_ms"):
+        sweep({"name": "fixed_service"}, scenario="server", rate_qps=5.0, loadgen=True)
+    with pytest.raises(SpecError, match="inference.loadgen"):
+        sweep({"name": "llama", "preset": "tiny"}, scenario="offline", loadgen=True)
+    # the key of a trial without LoadGen is what it was before the option existed
+    plain, = sweep({"name": "fixed_service"}, scenario="offline")
+    assert plain.key == sweep({"name": "fixed_service"}, scenario="offline",
+                              loadgen=False)[0].key
+
+
+def test_without_the_package_a_loadgen_trial_is_an_infeasible_row(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "mlperf_loadgen", None)  # import raises ImportError
+    (t,) = sweep({"name": "fixed_service", "service_ms": 1.0}, scenario="offline",
+                 loadgen=True, loadgen_seconds=0.5)
+    out = run_local(t, str(tmp_path))
+    assert out.status == "infeasible" and "raybench[mlperf]" in out.error
+
+
+def test_a_log_cut_short_still_reads_and_a_foreign_file_is_refused(tmp_path):
+    good = {"key": "result_validity", "value": "VALID"}
+    (tmp_path / loadgen.DETAIL).write_text(
+        f":::MLLOG {json.dumps(good)}\n:::MLLOG {{\"key\": \"result_sch")
+    assert loadgen.read_log(tmp_path) == {"result_validity": "VALID"}
+    (tmp_path / loadgen.DETAIL).write_text("not a LoadGen log\n")
+    with pytest.raises(ValueError, match="no :::MLLOG line"):
+        loadgen.read_log(tmp_path)
+
+
+@pytest.mark.serial  # latencies of a known service time: alone
+def test_loadgen_and_raybench_measure_the_same_replica_alike(tmp_path):
+    """One fixed_service replica of 5 ms at 40 queries/s (a fifth busy: four of five queries
+    find it free, so the median is a query's own time, not the queue's), p99 bound 50 ms:
+    raybench's own Server run, then LoadGen's at the rate it passed (the confirmation a
+    search's answer gets). LoadGen schedules the rate asked (within 5% over its 4 s), and
+    both clocks see the same median within 1 ms: the replica's 5 ms and a dispatch's hops.
+    (At half busy their medians differ by more: each draws its own Poisson arrivals, and the
+    median then depends on the queue they build.)"""
+    (t,) = sweep({"name": "fixed_service", "service_ms": 5.0}, scenario="server",
+                 latency_bound_ms=50.0, rate_qps=40.0, probe_seconds=4.0, min_queries=160,
+                 loadgen=True, loadgen_seconds=4.0)
+    out = run_local(t, str(tmp_path))
+    assert out.status == "ok", out.error
+    m = out.metrics
+    print({k: v for k, v in m.items() if k.startswith(("loadgen/", "server/p", "server/rate"))})
+    assert m["server/rate_qps"] == 40.0  # raybench's run passed, so LoadGen ran
+    assert m["loadgen/scenario"] == "Server" and m["loadgen/validity"] in ("VALID", "INVALID")
+    assert m["loadgen/target_qps"] == pytest.approx(40.0)
+    assert m["loadgen/scheduled_samples_per_s"] == pytest.approx(40.0, rel=0.05)
+    assert m["loadgen/queries"] >= 4.0 * 40 * 0.9 and m["loadgen/min_duration_met"] is True
+    assert 5.0 <= m["loadgen/p50_ms"] and 5.0 <= m["server/p50_ms"]
+    assert abs(m["loadgen/p50_ms"] - m["server/p50_ms"]) <= 1.0
