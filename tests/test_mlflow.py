@@ -137,7 +137,9 @@ def test_an_unreachable_tracking_uri_is_an_input_error_before_anything_runs(tmp_
     assert str(tmp_path / "sweep.yaml") in err and "output.mlflow.tracking_uri" in err
     assert uri in err and "Fix:" in err and "mlflow server" in err
     assert not (tmp_path / "results").exists()  # no run directory, no table
-    assert time.monotonic() - t0 < 30  # no minutes of MLflow's default retries
+    # no minutes of MLflow's default retries; the CLI's own start (Python, MLflow's client)
+    # took 33 s in a `make test` run beside another one on these two cores
+    assert time.monotonic() - t0 < 60
 
 
 def test_split_puts_config_figures_and_fields_where_mlflow_wants_them():
