@@ -327,7 +327,8 @@ class InferenceSpec(Strict):
         "the replicas as its system under test: server: after raybench's search, one LoadGen "
         "run at the rate found (or rate_qps) confirms it; offline: LoadGen's Offline scenario "
         "at the replicas' measured capacity. Its logs are kept in the trial's folder, its "
-        "verdict and figures are loadgen/* columns. Workloads answering in one call")
+        "verdict and figures are loadgen/* columns. Token workloads: LoadGen's token-latency "
+        "mode, judging ttft_bound_ms and tpot_bound_ms")
     loadgen_seconds: float = Field(
         600.0, gt=0, description="LoadGen's min_duration: MLPerf's 600 s for a submittable "
         "run; a shorter one LoadGen itself marks min duration not met")
@@ -363,8 +364,11 @@ class InferenceSpec(Strict):
         if self.loadgen and self.scenario == "concurrency":
             raise ValueError("LoadGen has no closed-loop users scenario: loadgen runs with "
                              "scenario offline or server")
-        if self.loadgen and self.scenario == "server" and self.latency_bound_ms is None:
-            raise ValueError("loadgen in the server scenario judges latency_bound_ms: set it")
+        if self.loadgen and self.scenario == "server" and all(
+                b is None for b in (self.latency_bound_ms, self.ttft_bound_ms,
+                                    self.tpot_bound_ms)):
+            raise ValueError("loadgen in the server scenario judges latency_bound_ms (a token "
+                             "workload: ttft_bound_ms and tpot_bound_ms): set them")
         return self
 
     @model_validator(mode="after")

@@ -338,12 +338,6 @@ def check_tokens(workload_name: str, params: WorkloadParams, inference: Inferenc
                                 f"workload {workload_name} answers calls, not token streams",
                                 f"use one of {token}, or remove inference.{name}")
         return
-    if inference.loadgen:
-        raise SpecError(source, f"inference.loadgen{where}", True, "LoadGen drives workloads "
-                        "that answer in one call; its token-latency mode does not yet drive "
-                        f"{workload_name}'s engines", "set inference.loadgen: false (raybench's "
-                        "own Server search judges TTFT and TPOT at LoadGen's rank, with its "
-                        "early-stopping verdict in the row)")
     if inference.latency_bound_ms is not None:
         raise SpecError(source, f"inference.latency_bound_ms{where}", inference.latency_bound_ms,
                         f"workload {workload_name} is judged token by token", "give "

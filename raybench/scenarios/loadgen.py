@@ -46,6 +46,11 @@ declare(
     Metric("loadgen/samples_per_s", "samples/s", "Server: completed samples/s; Offline: "
            "LoadGen's result"),
     Metric("loadgen/p{q}_ms", "ms", "LoadGen's latency percentile"),
+    Metric("loadgen/ttft_p{q}_ms", "ms", "token mode: LoadGen's time to first token, percentile"),
+    Metric("loadgen/tpot_p{q}_ms", "ms", "token mode: LoadGen's time per output token, "
+           "percentile"),
+    Metric("loadgen/output_tokens_per_s", "tokens/s", "token mode: LoadGen's completed output "
+           "tokens per second"),
     Metric("loadgen/queries", "count", "queries LoadGen sent"),
     Metric("loadgen/late", "count", "queries over the latency bound (LoadGen's count)"),
     Metric("loadgen/early_stopping_met", "bool", "LoadGen's early stopping certified the "
@@ -164,14 +169,166 @@ class Dispatch:
                 self._complete(ids)
 
 
-def settings(lg: Any, inf: Any, scenario: str, target_qps: float) -> Any:
-    """LoadGen's TestSettings from the trial's `inference` section."""
+class TokenDispatch:
+    """LoadGen's SUT over token engines (scenarios/llm/load.Replica), for its token-latency
+    mode: each sample a request of its lengths to the replica with the fewest in flight; its
+    first token told to LoadGen as it arrives (FirstTokenComplete), its end with its output
+    token count (QuerySamplesComplete), from which LoadGen takes TTFT and TPOT."""
+
+    def __init__(self, lg: Any, replicas: Sequence[Any], sizes: Any,
+                 prompt: Callable[[int, int], list[int]], stall_s: float | None = None):
+        self.lg, self.replicas, self.sizes, self.prompt = lg, list(replicas), sizes, prompt
+        self.stall_s = STALL_S if stall_s is None else stall_s
+        self.errors: list[BaseException] = []
+        self.inflight = [0] * len(self.replicas)
+        self.requests: dict[str, list] = {}  # request id -> [LoadGen id, replica, first seen]
+        self.last_answer = time.monotonic()
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True,
+                                        name="raybench-loadgen-sut")
+
+    def __enter__(self) -> TokenDispatch:
+        self._thread.start()
+        self._listeners = [asyncio.run_coroutine_threadsafe(self._listen(i), self.loop)
+                           for i in range(len(self.replicas))]
+        self._watch = threading.Thread(target=self._watchdog, daemon=True,
+                                       name="raybench-loadgen-watchdog")
+        self._watch.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+
+        async def end() -> None:
+            await asyncio.gather(*(r.end() for r in self.replicas), return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(end(), self.loop).result(timeout=60)
+        for f in self._listeners:
+            try:
+                f.result(timeout=30)
+            except Exception as e:  # a broken stream: its requests were answered already
+                self.errors.append(e)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=30)
+        self._watch.join(timeout=30)
+
+    def issue(self, samples: list[Any]) -> None:
+        items = [(s.id, s.index) for s in samples]
+        with self._lock:
+            if not self.requests:
+                self.last_answer = time.monotonic()
+        self.loop.call_soon_threadsafe(self._start, items)
+
+    def flush(self) -> None:
+        """LoadGen's FlushQueries: nothing is held back to flush."""
+
+    def _start(self, items: list[tuple[int, int]]) -> None:
+        for qid, index in items:
+            i = min(range(len(self.replicas)), key=lambda j: self.inflight[j])
+            self.inflight[i] += 1
+            rid = f"lg-{qid}"
+            with self._lock:
+                self.requests[rid] = [qid, i, False]
+            n_in, n_out = (int(x) for x in self.sizes[index % len(self.sizes)])
+            asyncio.ensure_future(self._submit(i, rid, self.prompt(index, n_in), n_out))
+
+    async def _submit(self, i: int, rid: str, prompt: list[int], n_out: int) -> None:
+        try:
+            await self.replicas[i].submit(rid, prompt, n_out)
+        except Exception as e:  # answered, so that LoadGen ends; the trial is an error
+            self.errors.append(e)
+            self._finish(rid, 0)
+
+    async def _listen(self, i: int) -> None:
+        async for batch in self.replicas[i].events():
+            for rid, count, _stamp, finished, _ids in batch:
+                if count < 0:
+                    self.errors.append(RuntimeError(f"the engine failed request {rid}"))
+                    self._finish(rid, 0)
+                    continue
+                with self._lock:
+                    entry = self.requests.get(rid)
+                    first = entry is not None and count > 0 and not entry[2]
+                    if first:
+                        entry[2] = True
+                if first:
+                    self.lg.FirstTokenComplete([self.lg.QuerySampleResponse(entry[0], 0, 0, 1)])
+                if finished:
+                    self._finish(rid, count)
+
+    def _finish(self, rid: str, tokens: int) -> None:
+        with self._lock:
+            entry = self.requests.pop(rid, None)
+            self.last_answer = time.monotonic()
+        if entry is None:
+            return
+        self.inflight[entry[1]] -= 1
+        self.lg.QuerySamplesComplete([self.lg.QuerySampleResponse(entry[0], 0, 0, tokens)])
+
+    def _watchdog(self) -> None:
+        while not self._done.wait(1.0):
+            with self._lock:
+                stalled = bool(self.requests) and (
+                    time.monotonic() - self.last_answer > self.stall_s)
+                rids = list(self.requests) if stalled else []
+            if rids:
+                self.errors.append(TimeoutError(
+                    f"the engines finished no request for {self.stall_s:.0f} s with "
+                    f"{len(rids)} of LoadGen's waiting: they were answered for them so that "
+                    "LoadGen could end"))
+                for rid in rids:
+                    self._finish(rid, 0)
+
+
+def run_tokens(replicas: Sequence[Any], inf: Any, scenario: str, target_qps: float,
+               out_dir: Path, sizes: Any, prompt: Callable[[int, int], list[int]]
+               ) -> dict[str, Any]:
+    """One LoadGen run in its token-latency mode over LLM engine replicas (sample k asks for
+    sizes[k]'s lengths); its log read back. An engine error raises after LoadGen ended."""
+    lg = load_module()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with TokenDispatch(lg, replicas, sizes, prompt) as sut:
+        handle = lg.ConstructSUT(sut.issue, sut.flush)
+        qsl = lg.ConstructQSL(len(sizes), len(sizes), lambda _: None, lambda _: None)
+        try:
+            lg.StartTestWithLogSettings(handle, qsl, settings(lg, inf, scenario, target_qps,
+                                                              tokens=True),
+                                        _log_settings(lg, out_dir))
+        finally:
+            lg.DestroyQSL(qsl)
+            lg.DestroySUT(handle)
+    if sut.errors:
+        raise sut.errors[0]
+    return read_log(out_dir)
+
+
+def _log_settings(lg: Any, out_dir: Path) -> Any:
+    output = lg.LogOutputSettings()
+    output.outdir = str(out_dir)
+    output.copy_summary_to_stdout = False
+    log_settings = lg.LogSettings()
+    log_settings.log_output = output
+    log_settings.enable_trace = False  # a trace of every query: megabytes, read by no one here
+    return log_settings
+
+
+def settings(lg: Any, inf: Any, scenario: str, target_qps: float, tokens: bool = False) -> Any:
+    """LoadGen's TestSettings from the trial's `inference` section; `tokens` (a token
+    workload): LoadGen's token-latency mode, judging ttft_bound_ms and tpot_bound_ms."""
     s = lg.TestSettings()
     s.mode = lg.TestMode.PerformanceOnly
+    if tokens:
+        s.use_token_latencies = True
+        big = 3_600_000  # ms: a bound not set is not judged
+        s.ttft_latency = int((inf.ttft_bound_ms or big) * 1e6)
+        s.tpot_latency = int((inf.tpot_bound_ms or big) * 1e6)
     if scenario == "server":
         s.scenario = lg.TestScenario.Server
         s.server_target_qps = target_qps
-        s.server_target_latency_ns = int(inf.latency_bound_ms * 1e6)
+        s.server_target_latency_ns = int((inf.latency_bound_ms or inf.ttft_bound_ms
+                                          or 3_600_000) * 1e6)
         s.server_target_latency_percentile = inf.latency_percentile / 100.0
     else:
         s.scenario = lg.TestScenario.Offline
@@ -188,12 +345,7 @@ def run(calls: Sequence[Call], inf: Any, scenario: str, target_qps: float, out_d
     records it collected under `records`. A replica error raises after LoadGen has ended."""
     lg = load_module()
     out_dir.mkdir(parents=True, exist_ok=True)
-    output = lg.LogOutputSettings()
-    output.outdir = str(out_dir)
-    output.copy_summary_to_stdout = False
-    log_settings = lg.LogSettings()
-    log_settings.log_output = output
-    log_settings.enable_trace = False  # a trace of every query: megabytes, read by no one here
+    log_settings = _log_settings(lg, out_dir)
     with Dispatch(lg, calls, max_batch) as sut:
         handle = lg.ConstructSUT(sut.issue, sut.flush)
         qsl = lg.ConstructQSL(samples, samples, lambda _: None, lambda _: None)
@@ -264,6 +416,13 @@ def columns(log: dict[str, Any], log_dir: str | None = None) -> dict[str, Any]:
     }
     for q in (50, 90, 99):
         out[f"loadgen/p{q}_ms"] = ms(f"result_{q:.2f}_percentile_latency_ns")
+    if log.get("requested_use_token_latencies") or log.get("effective_use_token_latencies"):
+        for q in (50, 99):
+            out[f"loadgen/ttft_p{q}_ms"] = ms(f"result_first_token_{q:.2f}_percentile_latency_ns")
+            out[f"loadgen/tpot_p{q}_ms"] = ms(f"result_time_per_output_token_{q:.2f}_percentile_ns")
+        out["loadgen/output_tokens_per_s"] = num("result_completed_tokens_per_second") \
+            if num("result_completed_tokens_per_second") is not None else num(
+                "result_tokens_per_second")
     return out
 
 

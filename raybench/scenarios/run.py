@@ -72,7 +72,7 @@ def run_trial(trial: TrialSpec, runner: str, start_timeout_s: float = 30.0,
                 # token streams and their engines: only for a token workload's trials
                 from raybench.scenarios.llm.run import run_trial as run_llm
 
-                return run_llm(trial, runner, start_timeout_s, logical_gpus)
+                return run_llm(trial, runner, start_timeout_s, logical_gpus, artifacts)
             if trial.inference.scenario == "offline" and not trial.inference.loadgen:
                 if runner == "ray":
                     records, stats = offline.run_ray(trial, start_timeout_s, logical_gpus)

@@ -25,6 +25,7 @@ class Inference:
     def __init__(self, **kw):
         self.latency_bound_ms, self.latency_percentile = 30.0, 99.0
         self.loadgen_seconds, self.min_queries, self.seed = 1.0, 50, 3
+        self.ttft_bound_ms = self.tpot_bound_ms = None
         self.__dict__.update(kw)
 
 
@@ -132,12 +133,50 @@ def test_loadgen_settings_come_from_the_sweep_and_bad_ones_are_refused():
               loadgen=True)
     with pytest.raises(ValueError, match="judges latency_bound_ms"):
         sweep({"name": "fixed_service"}, scenario="server", rate_qps=5.0, loadgen=True)
-    with pytest.raises(SpecError, match="inference.loadgen"):
-        sweep({"name": "llama", "preset": "tiny"}, scenario="offline", loadgen=True)
+    with pytest.raises(SpecError, match="inference.latency_bound_ms"):  # tokens: TTFT, TPOT
+        sweep({"name": "fixed_tokens"}, scenario="server", loadgen=True, rate_qps=5.0,
+              latency_bound_ms=100.0)
+    tokens = loadgen.settings(lg, Inference(latency_bound_ms=None, ttft_bound_ms=500.0,
+                                            tpot_bound_ms=30.0), "server", 5.0,
+                              tokens=True)
+    assert tokens.use_token_latencies is True
+    assert (tokens.ttft_latency, tokens.tpot_latency) == (500_000_000, 30_000_000)
     # the key of a trial without LoadGen is what it was before the option existed
     plain, = sweep({"name": "fixed_service"}, scenario="offline")
     assert plain.key == sweep({"name": "fixed_service"}, scenario="offline",
                               loadgen=False)[0].key
+
+
+def test_loadgen_s_token_mode_judges_an_engine_of_known_token_times(tmp_path):
+    """fixed_tokens on 4 slots: 4 ms to the first token, 1 ms a token after it, 8 tokens a
+    request (11 ms), at 40 requests/s for 2 s (a tenth of the slots busy: few wait). Raybench's
+    own run, then LoadGen's in its token-latency mode through the same engine: LoadGen's TTFT
+    is the prefill (and a hop), its TPOT the per-token time, its token rate 8 a request; and
+    the same for LoadGen's Offline."""
+    base = {"name": "fixed_tokens", "slots": 4, "prefill_ms": 4.0, "token_ms": 1.0}
+    (srv,) = sweep(base, scenario="server", rate_qps=40.0, ttft_bound_ms=500.0,
+                   tpot_bound_ms=30.0, input_tokens=16, output_tokens=8, probe_seconds=2.0,
+                   min_queries=80, warmup_batches=1, loadgen=True, loadgen_seconds=2.0)
+    out = run_local(srv, str(tmp_path))
+    assert out.status == "ok", out.error
+    m = out.metrics
+    print({k: v for k, v in m.items() if k.startswith("loadgen/")})
+    assert m["loadgen/scenario"] == "Server" and m["loadgen/perf_constraints_met"] is True
+    assert m["loadgen/queries"] >= 80
+    assert 4.0 <= m["loadgen/ttft_p50_ms"] <= 4.0 * 1.1 + 3
+    assert 1.0 * 0.9 <= m["loadgen/tpot_p50_ms"] <= 1.0 * 1.1 + 0.5
+    assert m["loadgen/output_tokens_per_s"] == pytest.approx(
+        8 * m["loadgen/samples_per_s"], rel=0.1)
+    assert abs(m["loadgen/ttft_p50_ms"] - m["serve/ttft_p50_ms"]) <= 3.0
+
+    (off,) = sweep(base, scenario="offline", samples=16, input_tokens=16, output_tokens=8,
+                   warmup_batches=1, min_queries=64, loadgen=True, loadgen_seconds=0.5)
+    out = run_local(off, str(tmp_path / "offline"))
+    assert out.status == "ok", out.error
+    m = out.metrics
+    assert m["loadgen/scenario"] == "Offline" and m["loadgen/valid"] is True
+    # 4 slots of 11 ms a request of 8 tokens: at most 2,900 tokens/s
+    assert 0 < m["loadgen/output_tokens_per_s"] <= 4 * 8 / 0.011
 
 
 def test_without_the_package_a_loadgen_trial_is_an_infeasible_row(monkeypatch, tmp_path):

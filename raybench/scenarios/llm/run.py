@@ -9,7 +9,9 @@ closed-loop users), the row metrics, and turning any failure into a row.
 from __future__ import annotations
 
 import json
+import tempfile
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,7 +21,7 @@ from raybench import workloads
 from raybench.columns import Metric, declare
 from raybench.failures import failure
 from raybench.records import TrialOutcome
-from raybench.scenarios import mlperf, offline, server
+from raybench.scenarios import loadgen, mlperf, offline, server
 from raybench.scenarios.llm import figures, lengths, load
 from raybench.scenarios.llm.host import EngineHost
 from raybench.scenarios.replica import local_devices
@@ -37,16 +39,17 @@ declare(
 
 
 def run_trial(trial: TrialSpec, runner: str, start_timeout_s: float = 30.0,
-              logical_gpus: bool = False) -> TrialOutcome:
+              logical_gpus: bool = False, artifacts: str | None = None) -> TrialOutcome:
+    """`artifacts`: the trial's own folder (LoadGen's logs go there)."""
     try:
         if runner == "ray":
-            return _on_ray(trial, start_timeout_s, logical_gpus)
-        return _local(trial)
+            return _on_ray(trial, start_timeout_s, logical_gpus, artifacts)
+        return _local(trial, artifacts)
     except Exception as e:  # a failed trial is a row
         return failure(e, trial.resources())
 
 
-def _local(trial: TrialSpec) -> TrialOutcome:
+def _local(trial: TrialSpec, artifacts: str | None) -> TrialOutcome:
     devices = local_devices(trial)
     threads = torch.get_num_threads()
     if not trial.hardware.use_gpu:
@@ -80,14 +83,15 @@ def _local(trial: TrialSpec) -> TrialOutcome:
             return [h.measure(on) for h in hosts]
 
         return _scenario(trial, [replica(h) for h in hosts], measure,
-                         lambda: [h.stats() for h in hosts])
+                         lambda: [h.stats() for h in hosts], artifacts)
     finally:
         for h in hosts:
             h.close()
         torch.set_num_threads(threads)
 
 
-def _on_ray(trial: TrialSpec, start_timeout_s: float, logical_gpus: bool) -> TrialOutcome:
+def _on_ray(trial: TrialSpec, start_timeout_s: float, logical_gpus: bool,
+            artifacts: str | None) -> TrialOutcome:
     import ray  # Ray: only on its path; the local runner runs where Ray is not installed
 
     hw = trial.hardware
@@ -143,7 +147,7 @@ def _on_ray(trial: TrialSpec, start_timeout_s: float, logical_gpus: bool) -> Tri
 
         outcome = _scenario(trial, [replica(a) for a in actors], measure,
                             lambda: ray.get([a.stats_async.remote() for a in actors],
-                                            timeout=60))
+                                            timeout=60), artifacts)
         ray.get([a.close_async.remote() for a in actors], timeout=60)
         return outcome
     finally:
@@ -151,8 +155,8 @@ def _on_ray(trial: TrialSpec, start_timeout_s: float, logical_gpus: bool) -> Tri
             ray.kill(a)
 
 
-def _scenario(trial: TrialSpec, replicas: list[load.Replica], measure, stats_of
-              ) -> TrialOutcome:
+def _scenario(trial: TrialSpec, replicas: list[load.Replica], measure, stats_of,
+              artifacts: str | None = None) -> TrialOutcome:
     inf = trial.inference
     cls = workloads.get(trial.workload_name)
 
@@ -183,6 +187,16 @@ def _scenario(trial: TrialSpec, replicas: list[load.Replica], measure, stats_of
     failed = [r["error"] for r in records if r["error"]]
     if failed and inf.scenario != "server":  # a Server probe past its limit cancels requests
         raise RuntimeError(f"{len(failed)} of {len(records)} requests failed: {failed[0]}")
+    if inf.loadgen and (inf.scenario == "offline" or metrics.get("server/rate_qps")):
+        # as a submitter works: LoadGen's own run, at the rate found (Offline: expecting the
+        # rate just measured), judging TTFT and TPOT in its token-latency mode
+        rate = (metrics["server/rate_qps"] if inf.scenario == "server"
+                else metrics["serve/requests_per_s"])
+        folder = Path(artifacts) / "loadgen" if artifacts else Path(
+            tempfile.mkdtemp(prefix=f"raybench-loadgen-{trial.key}-"))
+        log = loadgen.run_tokens(replicas, inf, inf.scenario, rate, folder,
+                                 lengths.requests(inf, max(inf.min_queries, 64)), prompt)
+        metrics.update(loadgen.columns(log, str(folder) if artifacts else None))
     return TrialOutcome(status="ok", metrics=metrics, records=[_kept(records)], ranks=stats)
 
 
