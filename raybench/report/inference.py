@@ -3,8 +3,9 @@
 Owns the Offline figures (samples/s and scaling efficiency against replicas, samples/s per node,
 the projected time of the sweep's dataset) and the Server figures (the rate search: latency
 percentile of every probed rate against the bound; the latency distribution at the rate
-found), and the accuracy gate (agreement with the fp32 reference, or the task's own score such
-as the detector's xView3 aggregate, against the target).
+found), MLPerf's LoadGen's runs beside raybench's own, and the accuracy gate (agreement
+with the fp32 reference, or the task's own score such as the detector's xView3 aggregate,
+against the target).
 """
 
 from __future__ import annotations
@@ -163,9 +164,54 @@ def accuracy_gate(df: pd.DataFrame) -> go.Figure | None:
     return fig
 
 
+# the row's own figure of the rate LoadGen was run at, beside LoadGen's measured one
+OWN_RATE = {"server": ("server/rate_qps", "loadgen/scheduled_samples_per_s", "queries/s"),
+            "offline": ("infer/samples_per_s", "loadgen/samples_per_s", "samples/s")}
+
+
+def loadgen_runs(df: pd.DataFrame) -> go.Figure | None:
+    """Rows that MLPerf's LoadGen drove (inference.loadgen): raybench's own rate beside
+    LoadGen's, each bar named with LoadGen's verdict and the constraints behind it."""
+    if "loadgen/validity" not in df:
+        return None
+    rows = df[df["loadgen/validity"].notna() & (df["status"] == "ok")]
+    if rows.empty:
+        return None
+    varied = varied_columns(rows)
+    labels, own, theirs, notes = [], [], [], []
+    for r in rows.to_dict("records"):
+        scenario = r.get("inference.scenario") or "server"
+        own_col, lg_col, _ = OWN_RATE.get(scenario, OWN_RATE["server"])
+        if scenario == "offline" and r.get("serve/requests_per_s") is not None:
+            own_col = "serve/requests_per_s"  # an LLM's Offline: requests, LoadGen's samples
+        labels.append(f"{_label(r, varied) or r['trial_key']} ({scenario})")
+        own.append(r.get(own_col))
+        theirs.append(r.get(lg_col) if r.get(lg_col) is not None
+                      else r.get("loadgen/samples_per_s"))
+        notes.append(f"LoadGen: {r['loadgen/validity']}; early stopping "
+                     f"{_yes(r.get('loadgen/early_stopping_met'))}, latency constraint "
+                     f"{_yes(r.get('loadgen/perf_constraints_met'))}, min duration "
+                     f"{_yes(r.get('loadgen/min_duration_met'))}")
+    fig = go.Figure([
+        go.Bar(x=labels, y=own, name="raybench's own run", hovertext=notes),
+        go.Bar(x=labels, y=theirs, name="LoadGen's run", text=[n.split(";")[0] for n in notes],
+               textposition="outside", hovertext=notes,
+               marker_color=["seagreen" if r["loadgen/validity"] == "VALID" else "darkorange"
+                             for r in rows.to_dict("records")])])
+    fig.update_layout(title="MLPerf's LoadGen: its run at raybench's rate (Server) or of the "
+                      "same replicas (Offline), with its verdict (orange: INVALID; hover for "
+                      "why)", barmode="group", yaxis_title="queries/s (Server), samples/s "
+                      "(Offline)")
+    return fig
+
+
+def _yes(flag: Any) -> str:
+    return "met" if flag is True else "not met" if flag is False else "n/a"
+
+
 def figures(df: pd.DataFrame, details: dict[str, dict[str, Any]]
             ) -> list[tuple[str, go.Figure | None]]:
     return [("offline_scaling", offline_scaling(df)), ("offline_nodes", offline_per_node(df)),
             ("offline_projection", offline_projection(df)), ("server", server_search(df)),
             ("server_latency", server_latency(details, df)),
-            ("accuracy_gate", accuracy_gate(df))]
+            ("accuracy_gate", accuracy_gate(df)), ("loadgen", loadgen_runs(df))]

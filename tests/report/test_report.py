@@ -495,3 +495,31 @@ def test_a_report_killed_while_written_leaves_the_old_page_whole(tmp_path, monke
         write([run.parent / "run"], run / "report.html")
     assert page_path.read_text() == before
     assert [p.name for p in run.iterdir() if ".tmp" in p.name] == []
+
+
+def test_loadgen_runs_stand_beside_raybench_s_own_with_their_verdict():
+    from raybench.report import inference
+
+    rows = pd.DataFrame([
+        {"trial_key": "a", "status": "ok", "inference.scenario": "server",
+         "workload.service_ms": 5.0, "server/rate_qps": 40.0,
+         "loadgen/scheduled_samples_per_s": 38.8, "loadgen/validity": "INVALID",
+         "loadgen/early_stopping_met": False, "loadgen/perf_constraints_met": True,
+         "loadgen/min_duration_met": True},
+        {"trial_key": "b", "status": "ok", "inference.scenario": "offline",
+         "workload.service_ms": 10.0, "infer/samples_per_s": 74.3,
+         "loadgen/samples_per_s": 74.2, "loadgen/validity": "VALID",
+         "loadgen/early_stopping_met": True, "loadgen/perf_constraints_met": None,
+         "loadgen/min_duration_met": True},
+        {"trial_key": "c", "status": "ok", "inference.scenario": "server",
+         "workload.service_ms": 20.0, "server/rate_qps": 9.0},  # LoadGen not asked
+    ])
+    fig = inference.loadgen_runs(rows)
+    own, theirs = fig.data
+    assert list(own.y) == [40.0, 74.3] and list(theirs.y) == [38.8, 74.2]
+    assert own.x[0].endswith("(server)") and own.x[1].endswith("(offline)")
+    assert list(theirs.text) == ["LoadGen: INVALID", "LoadGen: VALID"]
+    assert "early stopping not met, latency constraint met" in theirs.hovertext[0]
+    assert list(theirs.marker.color) == ["darkorange", "seagreen"]
+    assert inference.loadgen_runs(rows.iloc[2:]) is None
+    assert inference.loadgen_runs(rows.drop(columns=[c for c in rows if "loadgen" in c])) is None
