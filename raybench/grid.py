@@ -206,6 +206,10 @@ def _resolve(spec: SweepSpec, index: int, overrides: dict[str, Any]) -> TrialSpe
         raise SpecError(spec.source, problem[0] + where, None, problem[1], fix)
     if resolved.get("inference") is not None:
         where = f" in grid combination {overrides}" if overrides else ""
+        if resolved["hardware"].node:
+            raise SpecError(spec.source, "hardware.node" + where, resolved["hardware"].node,
+                            "an inference trial's replicas are placed by Ray, not pinned",
+                            "remove hardware.node (it pins training trials' workers)")
         check_graphs(spec.workload_name, resolved["hardware"], resolved["inference"],
                      spec.source, where)
         check_tokens(spec.workload_name, resolved["workload"], resolved["inference"],

@@ -94,6 +94,10 @@ class HardwareSpec(Strict):
         1, ge=1, description="micro-batches of batch_size per optimizer step (training "
         "workloads): a step then trains batch_size x grad_accum_steps samples per rank, with "
         "DDP's gradient all-reduce after the last micro-batch only")
+    node: str | None = Field(
+        None, min_length=1, description="on Ray: the IP address of the node the trial's "
+        "workers must run on (Ray's node:<ip> resource; validate pins each per-node probe so); "
+        "unset: Ray places them. Training trials")
     env: dict[str, str] = Field(
         default_factory=dict, description="environment variables of the trial's worker "
         "processes, set when they start, before CUDA or NCCL (CUDA_DEVICE_MAX_CONNECTIONS, "

@@ -51,6 +51,8 @@ class TrialSpec:
         hw = self.hardware
         workers = self.inference.replicas if self.inference else hw.world_size
         per_worker = {"CPU": hw.cpus_per_worker, **({"GPU": hw.gpu_share} if hw.use_gpu else {})}
+        if hw.node:  # Ray's own resource of that node, at its smallest unit: pinned there
+            per_worker[f"node:{hw.node}"] = NODE_SHARE
         total = {k: v * workers for k, v in per_worker.items()}
         return {"workers": workers, "per_worker": per_worker, "total": total}
 
@@ -67,11 +69,13 @@ class TrialSpec:
         }
 
 
+NODE_SHARE = 0.0001  # Ray counts resources in units of 1e-4
+
 # Fields added after trial keys were first recorded, at the value that means "as before": a
 # trial that leaves them there keeps the key it had, so resumed runs and the history's
 # regression tracking (grouped by key) still find it. A new field of that kind goes here.
 KEY_NEUTRAL: dict[str, dict[str, Any]] = {
-    "hardware": {"env": {}, "grad_accum_steps": 1, "ranks_per_gpu": 1},
+    "hardware": {"env": {}, "grad_accum_steps": 1, "ranks_per_gpu": 1, "node": None},
     "workload": {"activation_checkpointing": False},
     "measure": {"max_repeats": None},
     "inference": {"cuda_graphs": False, "ttft_bound_ms": None, "tpot_bound_ms": None,

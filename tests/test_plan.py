@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 import pandas as pd
+import pytest
 
 from raybench.grid import expand
 from raybench.results.rundir import publish
@@ -145,3 +146,28 @@ def test_tune_is_quiet_wherever_raybench_takes_its_ray_unless_verbose(monkeypatc
     monkeypatch.setattr(cluster, "_verbose", True)
     cluster.connect(None)
     assert "RAY_AIR_NEW_OUTPUT" not in os.environ
+
+
+def test_a_trial_pinned_to_a_node_asks_for_that_node_alone(write_sweep):
+    """hardware.node: the workers ask for Ray's own resource of that node (validate pins each
+    per-node probe so); a cluster without that node cannot place it, and an inference trial
+    may not pin (its replicas are placed by Ray)."""
+    from raybench.runners.on_ray.plan import placement
+    from raybench.spec import SpecError
+    from raybench.validate.command import node_ips
+
+    nodes = [{"CPU": 2.0, "node:127.0.0.2": 1.0, "node:__internal_head__": 1.0,
+              NODE_TOKEN: 1.0}, {"CPU": 2.0, "node:127.0.0.3": 1.0, NODE_TOKEN: 1.0}]
+    assert node_ips(nodes) == ["127.0.0.2", "127.0.0.3"]
+    path = write_sweep()
+    a, b = expand(load_sweep(path, ["grid={}", f"grid.node={node_ips(nodes)}"]))
+    assert (a.hardware.node, b.hardware.node) == ("127.0.0.2", "127.0.0.3")
+    assert a.resources()["per_worker"] == {"CPU": 1.0, "node:127.0.0.2": 0.0001}
+    assert placement(a, nodes) is None and placement(b, nodes) is None
+    assert "node:127.0.0.3" in placement(b, nodes[:1])  # that node is not in this cluster
+    # pinned each to its own node, side by side under per_node as before
+    assert concurrency_limit([a, b], nodes, "per_node")[0] == 2
+    assert a.key != b.key and "node" not in expand(load_sweep(path, ["grid={}"]))[0].resources()[
+        "per_worker"]
+    with pytest.raises(SpecError, match="hardware.node"):
+        expand(load_sweep(path, ["grid={}", "hardware.node=127.0.0.2", "inference.samples=8"]))

@@ -99,7 +99,10 @@ def suite(gpus: int, nodes: list[dict[str, float]]) -> list[tuple[Path, list[str
     """The suite's sweep files with what this cluster sets in them: a trial per GPU (per node
     without GPUs), side by side; all-reduces over a node's GPUs and over the cluster's."""
     if not gpus:
-        per_node = [f"grid.seed={list(range(len(nodes)))}"]
+        # each probe trial pinned to its node: per_node concurrency alone keeps two trials
+        # off one node only while both run, and a trial that started late (a loaded 2-core
+        # CI machine) went to the node the first had just left, leaving the other unprobed
+        per_node = [f"grid.node={node_ips(nodes)}"]
         return [(SUITES / "cpu" / "matmul.yaml", per_node),
                 (SUITES / "cpu" / "membw.yaml", per_node),
                 (SUITES / "cpu" / "allreduce.yaml", [])]
@@ -110,6 +113,12 @@ def suite(gpus: int, nodes: list[dict[str, float]]) -> list[tuple[Path, list[str
     if widths:
         out.append((SUITES / "gpu" / "allreduce.yaml", [f"grid.num_gpus={widths}"]))
     return out
+
+
+def node_ips(nodes: list[dict[str, float]]) -> list[str]:
+    """Each node's IP address, from Ray's own `node:<ip>` resource of it."""
+    return sorted(k.split(":", 1)[1] for n in nodes for k in n
+                  if k.startswith("node:") and not k.startswith("node:__"))
 
 
 def _run(path: Path, sets: list[str], out: Path, address: str | None) -> Path:

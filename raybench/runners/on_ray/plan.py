@@ -113,7 +113,8 @@ def concurrency_limit(trials: list[TrialSpec], nodes: list[dict[str, float]],
     per_worker: dict[str, float] = {}
     for t in trials:
         for k, v in t.resources()["per_worker"].items():
-            per_worker[k] = max(per_worker.get(k, 0.0), v)
+            if not k.startswith("node:"):  # a trial pinned to its node: `placement` checks it
+                per_worker[k] = max(per_worker.get(k, 0.0), v)
     if mode == "per_node":
         fit = [n for n in nodes if n.get(NODE_TOKEN, 0) >= 1 and _slots(n, per_worker) >= workers]
         return (max(1, len(fit)), f"per_node: {len(fit)} of {len(nodes)} nodes each hold a whole "
