@@ -301,6 +301,21 @@ def test_a_gpu_no_probe_ran_on_is_said():
     assert gpus["10.0.0.1 GPU 3"].reasons == ["warn: no probe ran on this GPU"]
 
 
+def test_a_device_one_probe_never_measured_is_not_a_pass():
+    """Two CPU nodes; both memory-copy rows on the first (as in a clean clone's make test,
+    before each probe trial was pinned to its node): the second passed on its matmul alone."""
+    rows = probe_rows(["127.0.0.2", "127.0.0.3"], 1)
+    rows["cluster/rank_gpus"] = "-"  # CPU ranks
+    rows["device"] = "cpu"
+    rows.loc[(rows["workload.name"] == "membw"), "cluster/rank_nodes"] = "127.0.0.2"
+    gpus = by_subject(judge({"127.0.0.2": {}, "127.0.0.3": {}}, rows, Margins())[0])
+    lone = gpus["127.0.0.3 CPU"]
+    assert lone.level == "warn", lone.reasons
+    assert lone.reasons == ["warn: the membw probe gave no figure here (it ran on the others)"]
+    assert "probe/copy_gb_s" not in lone.figures
+    assert gpus["127.0.0.2 CPU"].level == "pass"
+
+
 def test_measured_peaks_come_from_the_newest_validation_and_give_mfu():
     """raybench.results.peaks: per precision the median GPU of the newest validation run; a later
     row's MFU against it, none for the probe's own rows or a precision never measured."""

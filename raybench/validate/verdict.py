@@ -140,9 +140,25 @@ def judge(nodes: dict[str, dict[str, Any]], rows: pd.DataFrame, margins: Margins
         for v in gpus.values():
             if v.figures.keys() <= {"model"}:  # its trials did not run side by side
                 v.add("warn", "no probe ran on this GPU")
+        _missing_probes(gpus, probed)
     node_verdicts = _nodes(nodes, rows, expect_gpus)
     order = lambda vs: sorted(vs, key=lambda v: (-v.rank, v.subject))  # noqa: E731
     return order(gpus.values()), order(node_verdicts)
+
+
+def _missing_probes(gpus: dict[tuple[str, int | None], Verdict], rows: pd.DataFrame) -> None:
+    """A device that some probe never measured, where it measured its peers of the same kind
+    (a GPU, a node's CPU): not a pass on that probe's word. Seen: both memory-copy trials of
+    a two-node CPU suite landed on one node, and the other passed on its matmul alone."""
+    ran = rows.groupby("gpu_key")["workload.name"].agg(set).to_dict()
+    for kind_is_cpu in (True, False):
+        keys = [k for k in ran if (k[1] is None) == kind_is_cpu]
+        every = set().union(*(ran[k] for k in keys)) if keys else set()
+        for key, v in gpus.items():
+            if (key[1] is None) != kind_is_cpu or v.figures.keys() <= {"model"}:
+                continue  # its own warning above names a device no probe ran on
+            for probe in sorted(every - ran.get(key, set())):
+                v.add("warn", f"the {probe} probe gave no figure here (it ran on the others)")
 
 
 def _health(v: Verdict, h: dict[str, Any], limit: float | None) -> None:
