@@ -13,7 +13,8 @@ from raybench.spec import load_sweep
 from raybench.validate import command as validate
 
 GPU_NODES = [{"GPU": 8.0, "CPU": 96.0}, {"GPU": 8.0, "CPU": 96.0}]
-CPU_NODES = [{"CPU": 2.0}, {"CPU": 2.0}]
+# as Ray lists them: each node with its own node:<ip> resource
+CPU_NODES = [{"CPU": 2.0, "node:10.0.0.1": 1.0}, {"CPU": 2.0, "node:10.0.0.2": 1.0}]
 
 
 def _trials(nodes):
@@ -45,6 +46,8 @@ def test_the_cpu_suite_has_a_trial_per_node():
     trials = _trials(CPU_NODES)
     assert sorted(trials) == ["allreduce", "matmul", "membw"]
     assert len(trials["matmul"]) == len(trials["membw"]) == 2
+    # each pinned to its own node
+    assert sorted(t.hardware.node for t in trials["membw"]) == ["10.0.0.1", "10.0.0.2"]
 
 
 @pytest.mark.parametrize(("probe", "settings"), [("matmul", 4), ("transfer", 4)])
