@@ -174,7 +174,10 @@ def test_loadgen_s_token_mode_judges_an_engine_of_known_token_times(tmp_path):
     out = run_local(off, str(tmp_path / "offline"))
     assert out.status == "ok", out.error
     m = out.metrics
-    assert m["loadgen/scenario"] == "Offline" and m["loadgen/valid"] is True
+    assert m["loadgen/scenario"] == "Offline"
+    # Offline's verdict is its minimums alone (a busy CI machine once measured a rate low
+    # enough that LoadGen's pass, sized from it, ended before its min duration: INVALID)
+    assert m["loadgen/valid"] is (m["loadgen/min_duration_met"] and m["loadgen/min_queries_met"])
     # 4 slots of 11 ms a request of 8 tokens: at most 2,900 tokens/s
     assert 0 < m["loadgen/output_tokens_per_s"] <= 4 * 8 / 0.011
 
