@@ -165,8 +165,8 @@ def accuracy_gate(df: pd.DataFrame) -> go.Figure | None:
 
 
 # the row's own figure of the rate LoadGen was run at, beside LoadGen's measured one
-OWN_RATE = {"server": ("server/rate_qps", "loadgen/scheduled_samples_per_s", "queries/s"),
-            "offline": ("infer/samples_per_s", "loadgen/samples_per_s", "samples/s")}
+OWN_RATE = {"server": ("server/rate_qps", "loadgen/scheduled_samples_per_s"),
+            "offline": ("infer/samples_per_s", "loadgen/samples_per_s")}
 
 
 def loadgen_runs(df: pd.DataFrame) -> go.Figure | None:
@@ -181,7 +181,7 @@ def loadgen_runs(df: pd.DataFrame) -> go.Figure | None:
     labels, own, theirs, notes = [], [], [], []
     for r in rows.to_dict("records"):
         scenario = r.get("inference.scenario") or "server"
-        own_col, lg_col, _ = OWN_RATE.get(scenario, OWN_RATE["server"])
+        own_col, lg_col = OWN_RATE.get(scenario, OWN_RATE["server"])
         if scenario == "offline" and r.get("serve/requests_per_s") is not None:
             own_col = "serve/requests_per_s"  # an LLM's Offline: requests, LoadGen's samples
         labels.append(f"{_label(r, varied) or r['trial_key']} ({scenario})")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import tempfile
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -76,64 +77,112 @@ def load_module() -> Any:
     return mlperf_loadgen
 
 
-class Dispatch:
-    """LoadGen's SUT: an event loop in a thread of its own, one worker per replica taking the
-    oldest waiting query (and up to max_batch - 1 more already waiting) in one call."""
+class _Sut:
+    """What both SUTs share: an event loop in a thread of its own (LoadGen calls `issue` on
+    its issuing thread, which only hands the samples over), the outstanding samples under a
+    lock, and a watchdog that answers them all once nothing was answered for `stall_s`.
+    A subclass keeps `pending` (key -> LoadGen's id) and says how a key is answered."""
 
-    def __init__(self, lg: Any, calls: Sequence[Call], max_batch: int,
-                 stall_s: float | None = None):
-        self.lg, self.calls, self.max_batch = lg, list(calls), max_batch
+    def __init__(self, lg: Any, stall_s: float | None = None):
+        self.lg = lg
         self.stall_s = STALL_S if stall_s is None else stall_s
-        self.records: list[dict[str, Any]] = []
         self.errors: list[BaseException] = []
-        self.outstanding: dict[int, int] = {}  # LoadGen's response id -> sample index
+        self.pending: dict[Any, Any] = {}
         self.last_answer = time.monotonic()
         self._lock = threading.Lock()
         self._done = threading.Event()
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True,
                                         name="raybench-loadgen-sut")
-
-    def __enter__(self) -> Dispatch:
-        self._thread.start()
-        self.queue: asyncio.Queue[tuple[int, int]] = asyncio.run_coroutine_threadsafe(
-            self._queue(), self.loop).result()
-        self._workers = [asyncio.run_coroutine_threadsafe(self._worker(c), self.loop)
-                         for c in self.calls]
         self._watch = threading.Thread(target=self._watchdog, daemon=True,
                                        name="raybench-loadgen-watchdog")
+
+    def __enter__(self) -> _Sut:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._begin(), self.loop).result()
         self._watch.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._done.set()
-        asyncio.run_coroutine_threadsafe(self._cancel(), self.loop).result(timeout=30)
+        asyncio.run_coroutine_threadsafe(self._close(), self.loop).result(timeout=90)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=30)
         self._watch.join(timeout=30)
 
-    async def _queue(self) -> asyncio.Queue:
-        return asyncio.Queue()
+    async def _begin(self) -> None:
+        """The subclass's coroutines, started on the loop."""
 
-    async def _cancel(self) -> None:
+    async def _end(self) -> None:
+        """The subclass's own end, before what is left on the loop is cancelled."""
+
+    async def _close(self) -> None:
+        await self._end()
         tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    def issue(self, samples: list[Any]) -> None:
-        """LoadGen's IssueQuery, on its issuing thread: queue and return at once."""
-        items = [(s.id, s.index) for s in samples]
-        with self._lock:
-            if not self.outstanding:  # the watchdog's clock starts with the first query
-                self.last_answer = time.monotonic()
-            self.outstanding.update(items)
-        self.loop.call_soon_threadsafe(self._put, items)
-
     def flush(self) -> None:
         """LoadGen's FlushQueries: nothing is held back to flush."""
 
-    def _put(self, items: list[tuple[int, int]]) -> None:
+    def _hand_over(self, items: list[tuple[int, int]], pending: dict[Any, Any]) -> None:
+        """LoadGen's IssueQuery: these samples outstanding (the watchdog's clock starts with
+        the first), then on the loop."""
+        with self._lock:
+            if not self.pending:
+                self.last_answer = time.monotonic()
+            self.pending.update(pending)
+        self.loop.call_soon_threadsafe(self._take, items)
+
+    def _take(self, items: list[tuple[int, int]]) -> None:
+        raise NotImplementedError
+
+    def _answered(self, keys: list[Any]) -> list[Any]:
+        """LoadGen's ids of these keys, no longer outstanding (a key answered before: none)."""
+        with self._lock:
+            ids = [q for q in (self.pending.pop(k, None) for k in keys) if q is not None]
+            self.last_answer = time.monotonic()
+        return ids
+
+    def _answer(self, keys: list[Any]) -> None:
+        """Answer these keys to LoadGen, whatever they are (the watchdog's end of them)."""
+        raise NotImplementedError
+
+    def _watchdog(self) -> None:
+        while not self._done.wait(1.0):
+            with self._lock:
+                stalled = bool(self.pending) and (
+                    time.monotonic() - self.last_answer > self.stall_s)
+                keys = list(self.pending) if stalled else []
+            if keys:
+                self.errors.append(TimeoutError(
+                    f"the replicas answered no query for {self.stall_s:.0f} s with {len(keys)} "
+                    "of LoadGen's queries waiting: they were answered for them so that "
+                    "LoadGen could end"))
+                self._answer(keys)
+
+
+class Dispatch(_Sut):
+    """LoadGen's SUT over replica calls: one worker per replica taking the oldest waiting
+    query (and up to max_batch - 1 more already waiting) in one call."""
+
+    def __init__(self, lg: Any, calls: Sequence[Call], max_batch: int,
+                 stall_s: float | None = None):
+        super().__init__(lg, stall_s)
+        self.calls, self.max_batch = list(calls), max_batch
+        self.records: list[dict[str, Any]] = []
+
+    async def _begin(self) -> None:
+        self.queue: asyncio.Queue[tuple[int, int]] = asyncio.Queue()
+        for call in self.calls:
+            asyncio.ensure_future(self._worker(call))
+
+    def issue(self, samples: list[Any]) -> None:
+        items = [(s.id, s.index) for s in samples]
+        self._hand_over(items, {qid: qid for qid, _ in items})
+
+    def _take(self, items: list[tuple[int, int]]) -> None:
         for item in items:
             self.queue.put_nowait(item)
 
@@ -146,30 +195,15 @@ class Dispatch:
                 self.records.append(await call([index for _, index in batch]))
             except Exception as e:  # answered anyway, so LoadGen ends; the trial is an error
                 self.errors.append(e)
-            self._complete([qid for qid, _ in batch])
+            self._answer([qid for qid, _ in batch])
 
-    def _complete(self, ids: list[int]) -> None:
-        with self._lock:
-            ids = [q for q in ids if self.outstanding.pop(q, None) is not None]
-            self.last_answer = time.monotonic()
+    def _answer(self, keys: list[Any]) -> None:
+        ids = self._answered(keys)
         if ids:
             self.lg.QuerySamplesComplete([self.lg.QuerySampleResponse(q, 0, 0) for q in ids])
 
-    def _watchdog(self) -> None:
-        while not self._done.wait(1.0):
-            with self._lock:
-                stalled = bool(self.outstanding) and (
-                    time.monotonic() - self.last_answer > self.stall_s)
-                ids = list(self.outstanding) if stalled else []
-            if ids:
-                self.errors.append(TimeoutError(
-                    f"the replicas answered no query for {self.stall_s:.0f} s with {len(ids)} "
-                    "of LoadGen's queries waiting: they were answered for them so that "
-                    "LoadGen could end"))
-                self._complete(ids)
 
-
-class TokenDispatch:
+class TokenDispatch(_Sut):
     """LoadGen's SUT over token engines (scenarios/llm/load.Replica), for its token-latency
     mode: each sample a request of its lengths to the replica with the fewest in flight; its
     first token told to LoadGen as it arrives (FirstTokenComplete), its end with its output
@@ -177,60 +211,32 @@ class TokenDispatch:
 
     def __init__(self, lg: Any, replicas: Sequence[Any], sizes: Any,
                  prompt: Callable[[int, int], list[int]], stall_s: float | None = None):
-        self.lg, self.replicas, self.sizes, self.prompt = lg, list(replicas), sizes, prompt
-        self.stall_s = STALL_S if stall_s is None else stall_s
-        self.errors: list[BaseException] = []
+        super().__init__(lg, stall_s)
+        self.replicas, self.sizes, self.prompt = list(replicas), sizes, prompt
         self.inflight = [0] * len(self.replicas)
-        self.requests: dict[str, list] = {}  # request id -> [LoadGen id, replica, first seen]
-        self.last_answer = time.monotonic()
-        self._lock = threading.Lock()
-        self._done = threading.Event()
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True,
-                                        name="raybench-loadgen-sut")
+        self.replica_of: dict[str, int] = {}  # request id -> its replica (loop thread only)
+        self.first_seen: set[str] = set()  # requests whose first token LoadGen has (loop)
 
-    def __enter__(self) -> TokenDispatch:
-        self._thread.start()
-        self._listeners = [asyncio.run_coroutine_threadsafe(self._listen(i), self.loop)
+    async def _begin(self) -> None:
+        self._listeners = [asyncio.ensure_future(self._listen(i))
                            for i in range(len(self.replicas))]
-        self._watch = threading.Thread(target=self._watchdog, daemon=True,
-                                       name="raybench-loadgen-watchdog")
-        self._watch.start()
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self._done.set()
-
-        async def end() -> None:
-            await asyncio.gather(*(r.end() for r in self.replicas), return_exceptions=True)
-
-        asyncio.run_coroutine_threadsafe(end(), self.loop).result(timeout=60)
-        for f in self._listeners:
-            try:
-                f.result(timeout=30)
-            except Exception as e:  # a broken stream: its requests were answered already
-                self.errors.append(e)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=30)
-        self._watch.join(timeout=30)
+    async def _end(self) -> None:
+        await asyncio.gather(*(r.end() for r in self.replicas), return_exceptions=True)
+        for result in await asyncio.gather(*self._listeners, return_exceptions=True):
+            if isinstance(result, Exception):  # a broken stream: its requests answered already
+                self.errors.append(result)
 
     def issue(self, samples: list[Any]) -> None:
         items = [(s.id, s.index) for s in samples]
-        with self._lock:
-            if not self.requests:
-                self.last_answer = time.monotonic()
-        self.loop.call_soon_threadsafe(self._start, items)
+        self._hand_over(items, {f"lg-{qid}": qid for qid, _ in items})
 
-    def flush(self) -> None:
-        """LoadGen's FlushQueries: nothing is held back to flush."""
-
-    def _start(self, items: list[tuple[int, int]]) -> None:
+    def _take(self, items: list[tuple[int, int]]) -> None:
         for qid, index in items:
             i = min(range(len(self.replicas)), key=lambda j: self.inflight[j])
             self.inflight[i] += 1
             rid = f"lg-{qid}"
-            with self._lock:
-                self.requests[rid] = [qid, i, False]
+            self.replica_of[rid] = i
             n_in, n_out = (int(x) for x in self.sizes[index % len(self.sizes)])
             asyncio.ensure_future(self._submit(i, rid, self.prompt(index, n_in), n_out))
 
@@ -248,38 +254,34 @@ class TokenDispatch:
                     self.errors.append(RuntimeError(f"the engine failed request {rid}"))
                     self._finish(rid, 0)
                     continue
-                with self._lock:
-                    entry = self.requests.get(rid)
-                    first = entry is not None and count > 0 and not entry[2]
-                    if first:
-                        entry[2] = True
-                if first:
-                    self.lg.FirstTokenComplete([self.lg.QuerySampleResponse(entry[0], 0, 0, 1)])
+                if count > 0 and rid not in self.first_seen:
+                    self.first_seen.add(rid)
+                    with self._lock:
+                        qid = self.pending.get(rid)
+                    if qid is not None:
+                        self.lg.FirstTokenComplete([self.lg.QuerySampleResponse(qid, 0, 0, 1)])
                 if finished:
                     self._finish(rid, count)
 
     def _finish(self, rid: str, tokens: int) -> None:
-        with self._lock:
-            entry = self.requests.pop(rid, None)
-            self.last_answer = time.monotonic()
-        if entry is None:
-            return
-        self.inflight[entry[1]] -= 1
-        self.lg.QuerySamplesComplete([self.lg.QuerySampleResponse(entry[0], 0, 0, tokens)])
+        for qid in self._answered([rid]):
+            self.inflight[self.replica_of.pop(rid)] -= 1
+            self.lg.QuerySamplesComplete([self.lg.QuerySampleResponse(qid, 0, 0, tokens)])
 
-    def _watchdog(self) -> None:
-        while not self._done.wait(1.0):
-            with self._lock:
-                stalled = bool(self.requests) and (
-                    time.monotonic() - self.last_answer > self.stall_s)
-                rids = list(self.requests) if stalled else []
-            if rids:
-                self.errors.append(TimeoutError(
-                    f"the engines finished no request for {self.stall_s:.0f} s with "
-                    f"{len(rids)} of LoadGen's waiting: they were answered for them so that "
-                    "LoadGen could end"))
-                for rid in rids:
-                    self._finish(rid, 0)
+    def _answer(self, keys: list[Any]) -> None:
+        for rid in keys:  # the watchdog's thread: the in-flight counts no longer matter
+            for qid in self._answered([rid]):
+                self.lg.QuerySamplesComplete([self.lg.QuerySampleResponse(qid, 0, 0, 0)])
+
+
+def run(calls: Sequence[Call], inf: Any, scenario: str, target_qps: float, out_dir: Path,
+        max_batch: int, samples: int) -> dict[str, Any]:
+    """One LoadGen run over the replicas' calls; its log read back (`read_log`), the replica
+    records it collected under `records`. A replica error raises after LoadGen has ended."""
+    lg = load_module()
+    sut = Dispatch(lg, calls, max_batch)
+    return {**_drive(lg, sut, samples, settings(lg, inf, scenario, target_qps), out_dir),
+            "records": sut.records}
 
 
 def run_tokens(replicas: Sequence[Any], inf: Any, scenario: str, target_qps: float,
@@ -288,20 +290,36 @@ def run_tokens(replicas: Sequence[Any], inf: Any, scenario: str, target_qps: flo
     """One LoadGen run in its token-latency mode over LLM engine replicas (sample k asks for
     sizes[k]'s lengths); its log read back. An engine error raises after LoadGen ended."""
     lg = load_module()
+    return _drive(lg, TokenDispatch(lg, replicas, sizes, prompt), len(sizes),
+                  settings(lg, inf, scenario, target_qps, tokens=True), out_dir)
+
+
+def _drive(lg: Any, sut: _Sut, samples: int, test_settings: Any, out_dir: Path
+           ) -> dict[str, Any]:
+    """LoadGen's test with this SUT over a sample library of `samples` (nothing to load: the
+    replicas make their inputs), its logs in `out_dir`, read back; the SUT's first error
+    raised once LoadGen has ended."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    with TokenDispatch(lg, replicas, sizes, prompt) as sut:
+    with sut:
         handle = lg.ConstructSUT(sut.issue, sut.flush)
-        qsl = lg.ConstructQSL(len(sizes), len(sizes), lambda _: None, lambda _: None)
+        qsl = lg.ConstructQSL(samples, samples, lambda _: None, lambda _: None)
         try:
-            lg.StartTestWithLogSettings(handle, qsl, settings(lg, inf, scenario, target_qps,
-                                                              tokens=True),
-                                        _log_settings(lg, out_dir))
+            lg.StartTestWithLogSettings(handle, qsl, test_settings, _log_settings(lg, out_dir))
         finally:
             lg.DestroyQSL(qsl)
             lg.DestroySUT(handle)
     if sut.errors:
         raise sut.errors[0]
     return read_log(out_dir)
+
+
+def log_folder(trial_key: str, artifacts: str | None) -> tuple[Path, str | None]:
+    """Where LoadGen's logs go, and what the row says of it: the trial's folder, or (no
+    folder: a bare run_trial) a new temporary one, not named in the row."""
+    if artifacts:
+        folder = Path(artifacts) / "loadgen"
+        return folder, str(folder)
+    return Path(tempfile.mkdtemp(prefix=f"raybench-loadgen-{trial_key}-")), None
 
 
 def _log_settings(lg: Any, out_dir: Path) -> Any:
@@ -337,27 +355,6 @@ def settings(lg: Any, inf: Any, scenario: str, target_qps: float, tokens: bool =
     s.min_query_count = inf.min_queries
     s.qsl_rng_seed = s.sample_index_rng_seed = s.schedule_rng_seed = inf.seed
     return s
-
-
-def run(calls: Sequence[Call], inf: Any, scenario: str, target_qps: float, out_dir: Path,
-        max_batch: int, samples: int) -> dict[str, Any]:
-    """One LoadGen run over the replicas' calls; its log read back (`read_log`), the replica
-    records it collected under `records`. A replica error raises after LoadGen has ended."""
-    lg = load_module()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    log_settings = _log_settings(lg, out_dir)
-    with Dispatch(lg, calls, max_batch) as sut:
-        handle = lg.ConstructSUT(sut.issue, sut.flush)
-        qsl = lg.ConstructQSL(samples, samples, lambda _: None, lambda _: None)
-        try:
-            lg.StartTestWithLogSettings(handle, qsl, settings(lg, inf, scenario, target_qps),
-                                        log_settings)
-        finally:
-            lg.DestroyQSL(qsl)
-            lg.DestroySUT(handle)
-    if sut.errors:
-        raise sut.errors[0]
-    return {**read_log(out_dir), "records": sut.records}
 
 
 def read_log(folder: Path) -> dict[str, Any]:

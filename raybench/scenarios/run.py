@@ -10,11 +10,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import tempfile
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -218,42 +216,30 @@ def _serve(trial: TrialSpec, calls: list[server.Call], stats: list[dict[str, Any
     asks them again after the run): the Server search (then, with inference.loadgen,
     LoadGen's run at the rate found), or LoadGen's Offline."""
     inf = trial.inference
+    folder, shown = loadgen.log_folder(trial.key, artifacts) if inf.loadgen else (None, None)
     if inf.scenario == "offline":  # only with loadgen: raybench's own pass is offline.py's
-        capacity = _capacity(trial, stats, _offline_queries_per_call(trial))
-        run = loadgen.run(calls, inf, "offline", capacity, _loadgen_dir(trial, artifacts),
-                          _offline_queries_per_call(trial), QUERY_POOL)
+        per_call = _offline_queries_per_call(trial)
+        run = loadgen.run(calls, inf, "offline", _capacity(trial, stats, per_call), folder,
+                          per_call, QUERY_POOL)
         stats = stats_of()
         metrics = {**offline.summarize(run["records"], stats, trial),
-                   **loadgen.columns(run, _shown_dir(trial, artifacts))}
+                   **loadgen.columns(run, shown)}
         return TrialOutcome(status="ok", metrics=metrics, records=run["records"], ranks=stats)
     capacity = _capacity(trial, stats)
     best, probes = server.run_search(calls, inf, capacity)
     confirmed = None
     if inf.loadgen and best is not None:  # as a submitter works: the rate found, confirmed
-        confirmed = loadgen.run(calls, inf, "server", best["rate_qps"],
-                                _loadgen_dir(trial, artifacts), inf.max_batch_queries,
-                                QUERY_POOL)
+        confirmed = loadgen.run(calls, inf, "server", best["rate_qps"], folder,
+                                inf.max_batch_queries, QUERY_POOL)
     outcome = server_outcome(trial, best, probes, stats_of(), capacity)
     if confirmed is not None:
-        outcome.metrics.update(loadgen.columns(confirmed, _shown_dir(trial, artifacts)))
+        outcome.metrics.update(loadgen.columns(confirmed, shown))
     return outcome
 
 
 def _offline_queries_per_call(trial: TrialSpec) -> int:
     """LoadGen's Offline: a free replica takes up to a batch of waiting samples."""
     return max(1, trial.workload.batch_size // trial.inference.query_samples)
-
-
-def _loadgen_dir(trial: TrialSpec, artifacts: str | None) -> Path:
-    """LoadGen's logs: in the trial's folder, or (no folder: a bare run_trial) a new
-    temporary one."""
-    if artifacts:
-        return Path(artifacts) / "loadgen"
-    return Path(tempfile.mkdtemp(prefix=f"raybench-loadgen-{trial.key}-"))
-
-
-def _shown_dir(trial: TrialSpec, artifacts: str | None) -> str | None:
-    return str(Path(artifacts) / "loadgen") if artifacts else None
 
 
 def _query_sized(trial: TrialSpec) -> TrialSpec:

@@ -30,13 +30,13 @@ from raybench.memory import peak_rss_mb, steady_heap
 from raybench.scenarios.llm import lengths
 from raybench.trials import TrialSpec
 
-KV_SAMPLE_S = 0.05
+KV_SAMPLE_S = 0.05  # how often the KV cache's use is read while requests run
 # The event stream sends at most an item a millisecond, what came meanwhile joined to it: a
 # token's stamp is then at most that late, and Ray carries at most a thousand objects a second
 # a replica. With an item per wake-up, 16 slots of fixed_tokens each making a token every 2 ms
 # (7,500 tokens/s) reached the client at 0.83 of in-process through Ray (TTFT +9.9 ms p50);
 # with this, 0.91 (+4.8 ms); tiny Llama at 16 users 0.73 against 0.68 (docs/performance.md).
-EVENTS_EVERY_S = 1e-3  # how often the KV cache's use is read while requests run
+EVENTS_EVERY_S = 1e-3
 # prompts of the warmup and of the accuracy check: indices no scenario sends
 WARMUP_INDEX, ACCURACY_INDEX = 2 * 10**9, 10**9
 

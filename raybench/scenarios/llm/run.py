@@ -9,9 +9,7 @@ closed-loop users), the row metrics, and turning any failure into a row.
 from __future__ import annotations
 
 import json
-import tempfile
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -192,11 +190,10 @@ def _scenario(trial: TrialSpec, replicas: list[load.Replica], measure, stats_of,
         # rate just measured), judging TTFT and TPOT in its token-latency mode
         rate = (metrics["server/rate_qps"] if inf.scenario == "server"
                 else metrics["serve/requests_per_s"])
-        folder = Path(artifacts) / "loadgen" if artifacts else Path(
-            tempfile.mkdtemp(prefix=f"raybench-loadgen-{trial.key}-"))
+        folder, shown = loadgen.log_folder(trial.key, artifacts)
         log = loadgen.run_tokens(replicas, inf, inf.scenario, rate, folder,
                                  lengths.requests(inf, max(inf.min_queries, 64)), prompt)
-        metrics.update(loadgen.columns(log, str(folder) if artifacts else None))
+        metrics.update(loadgen.columns(log, shown))
     return TrialOutcome(status="ok", metrics=metrics, records=[_kept(records)], ranks=stats)
 
 
