@@ -23,6 +23,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("raybench.bench.command", "benchmarks of raybench itself; `bench run`: in-process"),
     "history": ("raybench.results.history", "export the history under a results root as CSV"),
     "rebuild": ("raybench.results.rebuild", "write a damaged results table again from its trials"),
+    "import": ("raybench.results.imported", "MLPerf LoadGen, vLLM bench serve or AIPerf results "
+               "as rows"),
     "chips": ("raybench.data.chip", "cut xView3 scenes into chips on Ray Data"),
 }
 

@@ -34,7 +34,9 @@ def _label(row: dict[str, Any], varied: list[str]) -> str:
 
 def throughput_vs_speed(df: pd.DataFrame) -> go.Figure | None:
     rows = serving_rows(df)
-    rows = rows[rows[PER_GPU].notna() & rows[PER_USER].notna()] if not rows.empty else rows
+    if rows.empty or PER_GPU not in rows or PER_USER not in rows:  # imported rows may lack one
+        return None
+    rows = rows[rows[PER_GPU].notna() & rows[PER_USER].notna()]
     if "serve/concurrency" not in rows or rows["serve/concurrency"].isna().all():
         return None
     rows = rows[rows["serve/concurrency"].notna()]

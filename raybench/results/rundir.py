@@ -45,7 +45,7 @@ def run_directory(spec: SweepSpec, override: str | None, resume: bool = False) -
         out = Path(explicit or Path(spec.output.root) / spec.name)
     try:
         if not resume and not explicit:
-            out = _new_run_dir(out)
+            out = new_run_dir(out)
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".write_test"
         probe.write_text("")
@@ -86,7 +86,7 @@ def writing(out: Path, source: str) -> Iterator[None]:
         os.close(fd)  # releases the lock; the file stays, read only by the next refusal
 
 
-def _new_run_dir(base: Path) -> Path:
+def new_run_dir(base: Path) -> Path:
     """`<base>/<UTC second>`, created here and by no one else: a sweep of the same name started
     in the same second gets `<second>-002` (then -003 ...), which sorts after it."""
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")

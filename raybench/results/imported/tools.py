@@ -1,0 +1,194 @@
+"""The three tools' result files read into raybench's columns: (config, metrics, when) each.
+
+Where each field comes from: vLLM, the result dict of `benchmark()` and `main()` in
+vllm/benchmarks/serve.py (`{mean,median,std,pNN}_{ttft,tpot,itl,e2el}_ms` for the percentiles
+the run asked for, 99 by default); AIPerf, docs/tutorials/working-with-profile-exports.md in
+ai-dynamo/aiperf (one object per metric: unit, avg, p50, p90, p99, ...); LoadGen, its detail
+log's MLLOG keys as scenarios/loadgen.py reads them for raybench's own LoadGen trials. Pure but
+for reading the files.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from raybench.scenarios import loadgen
+from raybench.scenarios.llm import figures  # noqa: F401 (declares the serve/* columns)
+
+AIPERF_FILE = "profile_export_aiperf.json"
+TOOLS = ("loadgen", "vllm", "aiperf")
+# vLLM's statistic prefixes and AIPerf's statistic keys -> raybench's suffixes
+VLLM_STATS = {"mean": "mean", "median": "p50", "p90": "p90", "p99": "p99"}
+AIPERF_STATS = {"avg": "mean", "p50": "p50", "p90": "p90", "p99": "p99"}
+VLLM_NAMES = {"ttft": "ttft", "tpot": "tpot", "itl": "itl", "e2el": "e2e"}
+AIPERF_NAMES = {"time_to_first_token": "ttft", "inter_token_latency": "tpot",
+                "inter_chunk_latency": "itl", "request_latency": "e2e"}
+TO_MS = {"ms": 1.0, "s": 1e3, "sec": 1e3, "us": 1e-3, "ns": 1e-6}
+
+
+class BadSource(Exception):
+    """A path that is none of the three tools' results: the message names it and the fix."""
+
+
+def detect(path: Path) -> tuple[str, Path]:
+    """(tool, the file or folder to read) of one path given on the command line."""
+    if path.is_dir():
+        if (path / loadgen.DETAIL).is_file():
+            return "loadgen", path
+        if (path / AIPERF_FILE).is_file():
+            return "aiperf", path / AIPERF_FILE
+        raise BadSource(f"{path} is a folder without {loadgen.DETAIL} (MLPerf LoadGen) or "
+                        f"{AIPERF_FILE} (AIPerf). Fix: pass a LoadGen log folder, an AIPerf "
+                        "artefact folder, or a vLLM `bench serve --save-result` JSON file")
+    data = read_json(path)
+    if path.name == AIPERF_FILE or ("input_config" in data and _stat(data, "request_count")):
+        return "aiperf", path
+    if {"completed", "duration"} <= set(data) and "request_throughput" in data:
+        return "vllm", path
+    raise BadSource(f"{path} is JSON but neither a vLLM `bench serve` result (it has no "
+                    "completed, duration and request_throughput keys) nor an AIPerf "
+                    f"{AIPERF_FILE}. Fix: pass the file `vllm bench serve --save-result` "
+                    "or `aiperf profile` wrote, unchanged")
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise BadSource(f"{path} does not exist. Fix: pass a LoadGen log folder, an AIPerf "
+                        f"{AIPERF_FILE} or a vLLM `bench serve --save-result` JSON file")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise BadSource(f"{path} is not JSON ({e}). Fix: pass the file the tool wrote, "
+                        "unchanged, or a LoadGen log folder") from None
+    if not isinstance(data, dict):
+        raise BadSource(f"{path} holds a JSON {type(data).__name__}, not the object a vLLM or "
+                        "AIPerf result is. Fix: pass the file the tool wrote, unchanged")
+    return data
+
+
+def _num(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        return None
+    return float(v)
+
+
+def _stat(data: dict[str, Any], tag: str, stat: str = "avg") -> float | None:
+    entry = data.get(tag)
+    return _num(entry.get(stat)) if isinstance(entry, dict) else None
+
+
+def from_vllm(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], str | None]:
+    """(config, metrics, when) of a `vllm bench serve` result."""
+    done, failed = _num(data.get("completed")) or 0.0, _num(data.get("failed"))
+    wall = _num(data.get("duration"))
+    rate = data.get("request_rate")
+    metrics: dict[str, Any] = {
+        "serve/requests": done + (failed or 0.0), "serve/failed": failed,
+        "serve/wall_s": wall,
+        "serve/requests_per_s": _num(data.get("request_throughput")),
+        "serve/output_tokens_per_s": _num(data.get("output_throughput")),
+        "serve/input_tokens_per_s": _per(data.get("total_input_tokens"), wall),
+        "serve/goodput_rps": _num(data.get("request_goodput")),
+        "serve/input_tokens": _per(data.get("total_input_tokens"), done),
+        "serve/output_tokens": _per(data.get("total_output_tokens"), done),
+        "serve/concurrency": _num(data.get("max_concurrency")),
+    }
+    for name, ours in VLLM_NAMES.items():
+        for stat, suffix in VLLM_STATS.items():
+            metrics[f"serve/{ours}_{suffix}_ms"] = _num(data.get(f"{stat}_{name}_ms"))
+    users = _num(data.get("max_concurrency"))
+    # a finite rate: Poisson arrivals (raybench's Server); "inf" (as vLLM writes it): every
+    # request at once, up to max_concurrency in flight when one is set (closed-loop users)
+    scenario = "server" if _num(rate) is not None else "concurrency" if users else "offline"
+    config = {"import.model": data.get("model_id"), "import.scenario": scenario,
+              "import.rate_qps": _num(rate), "import.concurrency": users,
+              "import.tool_version": data.get("version")}
+    config.update(_lengths(metrics))
+    return config, metrics, _vllm_date(data.get("date"))
+
+
+def _per(total: Any, n: float | None) -> float | None:
+    t = _num(total)
+    return t / n if t is not None and n else None
+
+
+def _lengths(metrics: dict[str, Any]) -> dict[str, Any]:
+    """Input/output tokens per request, rounded, as the configuration they measured."""
+    return {f"import.{k}_tokens": None if metrics[f"serve/{k}_tokens"] is None
+            else round(metrics[f"serve/{k}_tokens"]) for k in ("input", "output")}
+
+
+def _vllm_date(text: Any) -> str | None:
+    """vLLM's `%Y%m%d-%H%M%S`, the client's local time: kept as it is, without a zone."""
+    try:
+        return datetime.strptime(str(text), "%Y%m%d-%H%M%S").isoformat()
+    except ValueError:
+        return None
+
+
+def from_aiperf(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], str | None]:
+    """(config, metrics, when) of an AIPerf `profile_export_aiperf.json`."""
+    count, errors = _stat(data, "request_count"), _stat(data, "error_request_count")
+    metrics: dict[str, Any] = {
+        "serve/requests": None if count is None else count + (errors or 0.0),
+        "serve/failed": errors if errors is not None else (0.0 if count else None),
+        "serve/wall_s": _stat(data, "benchmark_duration"),
+        "serve/requests_per_s": _stat(data, "request_throughput"),
+        "serve/output_tokens_per_s": _stat(data, "output_token_throughput"),
+        "serve/tokens_per_s_per_user": _stat(data, "output_token_throughput_per_user"),
+        "serve/goodput_rps": _stat(data, "goodput"),
+        "serve/input_tokens": _stat(data, "input_sequence_length"),
+        "serve/output_tokens": _stat(data, "output_sequence_length"),
+    }
+    wall = metrics["serve/wall_s"]
+    total_isl = _stat(data, "total_isl")
+    metrics["serve/input_tokens_per_s"] = total_isl / wall if total_isl and wall else None
+    for tag, ours in AIPERF_NAMES.items():
+        entry = data.get(tag)
+        factor = TO_MS.get(entry.get("unit", "ms")) if isinstance(entry, dict) else None
+        for stat, suffix in AIPERF_STATS.items():
+            v = _stat(data, tag, stat)
+            metrics[f"serve/{ours}_{suffix}_ms"] = None if v is None or factor is None \
+                else v * factor
+    cfg = data.get("input_config") if isinstance(data.get("input_config"), dict) else {}
+    load = cfg.get("loadgen") if isinstance(cfg.get("loadgen"), dict) else {}
+    endpoint = cfg.get("endpoint") if isinstance(cfg.get("endpoint"), dict) else {}
+    models = endpoint.get("model_names") or [None]
+    config = {"import.model": models[0], "import.scenario": "server"
+              if _num(load.get("request_rate")) is not None else "concurrency"
+              if _num(load.get("concurrency")) is not None else None,
+              "import.rate_qps": _num(load.get("request_rate")),
+              "import.concurrency": _num(load.get("concurrency")),
+              "import.tool_version": data.get("aiperf_version")}
+    metrics["serve/concurrency"] = config["import.concurrency"]
+    config.update(_lengths(metrics))
+    return config, metrics, data.get("start_time")
+
+
+def aiperf_gpus(data: dict[str, Any]) -> list[str]:
+    """The GPU names of AIPerf's telemetry (`--gpu-telemetry`), one per GPU it sampled."""
+    endpoints = (data.get("telemetry_data") or {}).get("endpoints") or {}
+    return [g.get("gpu_name") for e in endpoints.values() if isinstance(e, dict)
+            for g in (e.get("gpus") or {}).values() if isinstance(g, dict) and g.get("gpu_name")]
+
+
+def from_loadgen(folder: Path) -> tuple[dict[str, Any], dict[str, Any], str | None]:
+    """(config, metrics, when) of a LoadGen log folder: the columns raybench's own LoadGen
+    trials carry, read the same way."""
+    try:
+        log = loadgen.read_log(folder)
+    except (OSError, ValueError) as e:
+        raise BadSource(f"{folder}: {e}. Fix: pass the folder LoadGen wrote its logs to "
+                        "(log_output.outdir), with its mlperf_log_detail.txt whole") from None
+    metrics = loadgen.columns(log, str(folder.resolve()))
+    config = {"import.model": log.get("sut_name"),
+              "import.scenario": metrics["loadgen/scenario"],
+              "import.rate_qps": metrics["loadgen/target_qps"], "import.concurrency": None,
+              "import.input_tokens": None, "import.output_tokens": None,
+              "import.tool_version": metrics["loadgen/version"]}
+    when = datetime.fromtimestamp((folder / loadgen.DETAIL).stat().st_mtime, timezone.utc)
+    return config, metrics, when.isoformat(timespec="seconds")
