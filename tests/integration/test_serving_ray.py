@@ -29,6 +29,9 @@ def trial(workload, **inference):
                                   "inference": inference}))[0]
 
 
+# times against known sleeps: alone (in a clean clone's parallel part the client's p99 lag read
+# 26 ms, and TTFT p50 27 ms of its 20-30 ms, beside the other worker's sweeps)
+@pytest.mark.serial
 def test_tokens_come_back_through_ray_as_the_generator_makes_them(embedded_ray):
     """A generator of known times (20 ms to the first token, 5 ms after it) behind an actor:
     the client's stamps keep its timing (a client that stamped in bulk, or an actor that sent
