@@ -31,6 +31,7 @@ from raybench.report.judge import (
     THROUGHPUT,
     VERDICTS,
     decide_many,
+    headline,
     judge_history,
     run_spread,
     threshold_arg,
@@ -97,11 +98,12 @@ def compare_runs(base: pd.DataFrame, new: pd.DataFrame, threshold_pct: float = T
     for i, (key, (rb, rn)) in enumerate(zip(common, rows, strict=True)):
         result = verdicts.get(i) or {
             "verdict": "inconclusive",
-            "reason": "a row has no train/window_samples_per_s: written before raybench kept "
-                      "them, or not a training row"}
+            "reason": "a row has no measured windows (train/window_samples_per_s, or a "
+                      "closed-loop or offline serving row's serve/window_output_tokens_per_s): "
+                      "written before raybench kept them, a Server run, or a file that "
+                      "lacked them"}
         out.append({"trial_key": key, "config": _config(rn, axes), "category": rn.get(cat),
-                    "base": rb.get(THROUGHPUT),
-                    "new": rn.get(THROUGHPUT), **result,
+                    "base": headline(rb), "new": headline(rn), **result,
                     "software_change": fingerprint.software_changes(rb, rn),
                     "systems": [rb.get("system/accelerator"), rn.get("system/accelerator")]})
     return out

@@ -111,6 +111,54 @@ def test_a_vllm_result_is_a_row_of_the_run_and_the_history_and_pairs_in_compare(
     assert len(history.read(root)) == 2
 
 
+def detailed(gap_s: float, users: int = 8, per_user: int = 25, tokens: int = 64) -> dict:
+    """A `--save-detailed` result of a closed loop: `users` requests in flight, each of 50 ms
+    to its first token and `gap_s` between its next tokens, the next request on its end (the
+    per-request lists as vllm/benchmarks/serve.py's benchmark() keeps them, in seconds)."""
+    starts, ttfts, itls = [], [], []
+    for u in range(users):
+        t = 0.001 * u
+        for _ in range(per_user):
+            starts.append(t)
+            ttfts.append(0.05)
+            itls.append([gap_s] * (tokens - 1))
+            t += 0.05 + gap_s * (tokens - 1)
+    n = len(starts)
+    end = max(s + 0.05 + gap_s * (tokens - 1) for s in starts)
+    return {**VLLM, "num_prompts": n, "completed": n, "max_concurrency": users,
+            "duration": end, "total_output_tokens": n * tokens, "total_input_tokens": n * 128,
+            "output_throughput": n * tokens / end, "start_times": starts, "ttfts": ttfts,
+            "itls": itls, "output_lens": [tokens] * n, "errors": [""] * n,
+            "latencies": [0.05 + gap_s * (tokens - 1)] * n}
+
+
+def test_detailed_vllm_results_have_windows_and_compare_judges_them(tmp_path):
+    """Two closed-loop runs of one configuration, the second's tokens 20% slower: their
+    windows of output tokens/s make compare call it slower; a rerun of the first is
+    unchanged; a Server run (a finite rate) has no windows: its throughput is the rate."""
+    root = tmp_path / "results"
+    for name, gap in (("base", 0.010), ("slower", 0.012), ("rerun", 0.010)):
+        write(tmp_path / f"{name}.json", detailed(gap))
+        assert main([str(tmp_path / f"{name}.json"), "--output", str(root), "--name",
+                     name]) == 0
+    base, slower, rerun = (compare.load_run(str(only_run(root, n)))
+                           for n in ("base", "slower", "rerun"))
+    windows = base.iloc[0]["serve/window_output_tokens_per_s"]
+    assert len(windows) == 8
+    # 8 users, a request of 64 tokens each 0.68 s: about 753 tokens/s in the steady part
+    assert sum(windows) / 8 == pytest.approx(8 * 64 / (0.05 + 0.63), rel=0.05)
+    (worse,) = compare.compare_runs(base, slower)
+    assert worse["verdict"] == "slower" and worse["ratio"] == pytest.approx(0.68 / 0.806,
+                                                                             rel=0.05)
+    assert worse["base"] == base.iloc[0]["serve/output_tokens_per_s"]
+    (same,) = compare.compare_runs(base, rerun)
+    assert same["verdict"] == "unchanged"
+    write(tmp_path / "server.json", {**detailed(0.010), "request_rate": 4.0})
+    assert main([str(tmp_path / "server.json"), "--output", str(root), "--name", "srv"]) == 0
+    (row,) = read_rows(only_run(root, "srv") / "results.parquet").to_dict("records")
+    assert not present(row.get("serve/window_output_tokens_per_s"))
+
+
 def test_an_aiperf_export_is_a_row_in_raybench_s_units_on_its_telemetry_s_gpus(tmp_path):
     folder = tmp_path / "artifacts" / "run1"
     write(folder / "profile_export_aiperf.json", AIPERF)

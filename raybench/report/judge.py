@@ -1,7 +1,8 @@
 """Is a configuration slower? The decision between two sets of a configuration's windows.
 
 Owns the rule that `python -m raybench.compare` and the report's history page both apply, made
-from the rows' measured windows (`train/window_samples_per_s`): a two-sided test AND a practical
+from the rows' measured windows (`train/window_samples_per_s`; for a closed-loop or offline
+serving row, `serve/window_output_tokens_per_s`): a two-sided test AND a practical
 threshold, the larger of a default (3%) and the run-to-run spread the configuration has shown
 where that is known. The test: with four windows a side or more, the exact Mann-Whitney U
 (scipy), the ratio NEW/BASE of the windows' means with a 95% percentile bootstrap interval
@@ -30,6 +31,10 @@ THRESHOLD_PCT = 3.0  # below this a change is not worth a verdict, however certa
 ALPHA = 0.05
 WINDOWS = "train/window_samples_per_s"
 THROUGHPUT = "train/samples_per_s"
+# a closed-loop or offline serving row's windows and rate (scenarios/llm/figures.py): judged
+# by the same rule, where a row has no training windows
+SERVE_WINDOWS = "serve/window_output_tokens_per_s"
+SERVE_THROUGHPUT = "serve/output_tokens_per_s"
 VERDICTS = ("slower", "faster", "unchanged", "inconclusive")
 
 
@@ -229,5 +234,19 @@ def _spread(values: list[float]) -> float | None:
 
 
 def windows(row: dict[str, Any]) -> list[float]:
-    w = row.get(WINDOWS)
-    return [float(x) for x in w] if w is not None and len(w) else []
+    """A row's measured windows: a training row's throughput per window, else a serving row's
+    output tokens/s per window; none for a row that has neither."""
+    for key in (WINDOWS, SERVE_WINDOWS):
+        w = row.get(key)
+        if w is not None and not isinstance(w, float) and len(w):
+            return [float(x) for x in w]
+    return []
+
+
+def headline(row: dict[str, Any]) -> float | None:
+    """The rate a row's windows measure: samples/s of a training row, output tokens/s of a
+    serving one."""
+    for key in (THROUGHPUT, SERVE_THROUGHPUT):
+        if present(row.get(key)):
+            return float(row[key])
+    return None

@@ -60,6 +60,26 @@ def test_token_figures_of_constructed_requests():
     assert v["ttft"]["late"] == 2 and v["tpot"]["late"] == 2 and not v["ttft"]["within_bound"]
 
 
+def test_token_windows_are_the_run_s_throughput_less_its_ramp_and_drain():
+    """A token every 10 ms for 1 s, after a slow start and before a slow end: the middle 8 of
+    10 windows read 100 tokens/s each; a run too short to fill them has none; a Server run's
+    row has none (its throughput is its arrival rate); a chunk of 4 tokens counts 4."""
+    steady = [0.1 + 0.01 * k for k in range(80)]
+    stamps = [0.0, 0.05, *steady, 0.95, 1.0]
+    windows = figures.token_windows(stamps)
+    assert len(windows) == 8 and windows == pytest.approx([100.0] * 8, rel=0.15)
+    assert figures.token_windows(stamps[:30]) is None
+    assert figures.token_windows([0.0, 1.0], [40.0, 40.0]) == pytest.approx([0.0] * 8)
+    # chunks of 4 tokens at 40 a second, none on a window's edge: 160 tokens/s
+    chunks = figures.token_windows([0.0, *[(k + 0.5) / 40 for k in range(40)], 1.0],
+                                   [0.0, *[4.0] * 40, 0.0])
+    assert chunks == pytest.approx([160.0] * 8)
+    reqs = [request(0.0, stamps)]
+    assert figures.summarize(reqs, gpus=1, windowed=True)[
+        "serve/window_output_tokens_per_s"] == windows
+    assert figures.summarize(reqs, gpus=1)["serve/window_output_tokens_per_s"] is None
+
+
 def test_the_cost_of_a_million_output_tokens():
     # 2.5 USD a GPU hour at 1,000 output tokens/s per GPU: 3.6 M tokens an hour
     assert figures.usd_per_m_tokens(2.5, 1000.0) == pytest.approx(2.5 / 3.6)
@@ -191,6 +211,9 @@ def test_the_tiny_llama_serves_through_continuous_batching_in_process():
     assert 0 <= m["serve/client_lag_p99_ms"] < 100
     requests = out.records[0]["requests"]
     assert [r["tokens"] for r in requests] == [12] * 9
+    # a closed-loop run: its windows of output tokens/s, what compare judges it by
+    assert len(m["serve/window_output_tokens_per_s"]) == 8
+    assert all(w >= 0 for w in m["serve/window_output_tokens_per_s"])
 
 
 def test_request_lengths_drawn_from_a_file(tmp_path):

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from raybench.scenarios import loadgen
-from raybench.scenarios.llm import figures  # noqa: F401 (declares the serve/* columns)
+from raybench.scenarios.llm import figures  # the serve/* columns, token windows
 
 AIPERF_FILE = "profile_export_aiperf.json"
 TOOLS = ("loadgen", "vllm", "aiperf")
@@ -108,7 +108,33 @@ def from_vllm(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], str
               "import.rate_qps": _num(rate), "import.concurrency": users,
               "import.tool_version": data.get("version")}
     config.update(_lengths(metrics))
+    if scenario != "server":  # a closed-loop or offline run's throughput is the engine's
+        metrics["serve/window_output_tokens_per_s"] = _vllm_windows(data)
     return config, metrics, _vllm_date(data.get("date"))
+
+
+def _vllm_windows(data: dict[str, Any]) -> list[float] | None:
+    """Output tokens/s windows from a `--save-detailed` result's per-request lists: each
+    request's chunks arrive at start + TTFT, then after each inter-token gap (seconds, as
+    RequestFuncOutput keeps them); its output tokens spread over its chunks (a chunk may carry
+    several). None without those lists."""
+    starts, ttfts, itls, lens = (data.get(k) for k in ("start_times", "ttfts", "itls",
+                                                       "output_lens"))
+    if not all(isinstance(x, list) for x in (starts, ttfts, itls, lens)) or not (
+            len(starts) == len(ttfts) == len(itls) == len(lens)):
+        return None
+    errors = data.get("errors") if isinstance(data.get("errors"), list) else [""] * len(starts)
+    stamps: list[float] = []
+    tokens: list[float] = []
+    for start, ttft, gaps, n, error in zip(starts, ttfts, itls, lens, errors, strict=False):
+        if error or not _num(start) or not _num(ttft) or not _num(n) or not isinstance(gaps, list):
+            continue  # a failed request: no tokens
+        times = [start + ttft]
+        for gap in gaps:
+            times.append(times[-1] + (_num(gap) or 0.0))
+        stamps += times
+        tokens += [n / len(times)] * len(times)
+    return figures.token_windows(stamps, tokens) if stamps else None
 
 
 def _per(total: Any, n: float | None) -> float | None:

@@ -179,7 +179,8 @@ def _scenario(trial: TrialSpec, replicas: list[load.Replica], measure, stats_of,
         run, windows = go(spec)
     records = run["records"]
     stats = stats_of()  # after the run: its peak memory
-    metrics = figures.summarize(records, inf.replicas, *inf.token_bounds_s)
+    metrics = figures.summarize(records, inf.replicas, *inf.token_bounds_s,
+                                windowed=inf.scenario != "server")
     metrics.update(extra)
     metrics.update(_facts(trial, records, stats, windows))
     failed = [r["error"] for r in records if r["error"]]
