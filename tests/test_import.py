@@ -159,6 +159,48 @@ def test_detailed_vllm_results_have_windows_and_compare_judges_them(tmp_path):
     assert not present(row.get("serve/window_output_tokens_per_s"))
 
 
+def aiperf_records(gap_ms: float, users: int = 8, per_user: int = 25, tokens: int = 64) -> str:
+    """AIPerf's profile_export.jsonl of the same closed loop: a record per request (metadata
+    request_start_ns; metrics time_to_first_token, inter_chunk_latency, output_sequence_length,
+    as the export docs show them), a warm-up record and a failed one besides."""
+    lines = [{"metadata": {"request_start_ns": 0, "benchmark_phase": "warmup"},
+              "metrics": {"time_to_first_token": {"value": 1.0, "unit": "ms"},
+                          "inter_chunk_latency": {"value": [1.0], "unit": "ms"},
+                          "output_sequence_length": {"value": 5000, "unit": "tokens"}},
+              "error": None},
+             {"metadata": {"request_start_ns": 10**9, "benchmark_phase": "profiling"},
+              "metrics": {"error_isl": {"value": 550, "unit": "tokens"}},
+              "error": {"code": 499, "type": "RequestCancellationError", "message": "x"}}]
+    for u in range(users):
+        t = 0.001 * u
+        for _ in range(per_user):
+            lines.append({"metadata": {"request_start_ns": int(t * 1e9),
+                                       "benchmark_phase": "profiling"},
+                          "metrics": {"time_to_first_token": {"value": 50.0, "unit": "ms"},
+                                      "inter_chunk_latency": {"value": [gap_ms] * (tokens - 1),
+                                                              "unit": "ms"},
+                                      "output_sequence_length": {"value": tokens,
+                                                                 "unit": "tokens"}},
+                          "error": None})
+            t += 0.05 + gap_ms / 1e3 * (tokens - 1)
+    return "\n".join(json.dumps(x) for x in lines) + "\nnot a record\n"
+
+
+def test_aiperf_s_per_request_records_give_windows_compare_judges(tmp_path):
+    root = tmp_path / "results"
+    for name, gap in (("base", 10.0), ("slower", 12.0)):
+        folder = tmp_path / name
+        write(folder / "profile_export_aiperf.json", AIPERF)
+        (folder / "profile_export.jsonl").write_text(aiperf_records(gap))
+        assert main([str(folder), "--output", str(root), "--name", name]) == 0
+    base, slower = (compare.load_run(str(only_run(root, n))) for n in ("base", "slower"))
+    windows = base.iloc[0]["serve/window_output_tokens_per_s"]
+    assert sum(windows) / 8 == pytest.approx(8 * 64 / (0.05 + 0.63), rel=0.05)
+    (worse,) = compare.compare_runs(base, slower)
+    assert worse["verdict"] == "slower" and worse["ratio"] == pytest.approx(0.68 / 0.806,
+                                                                             rel=0.05)
+
+
 def test_an_aiperf_export_is_a_row_in_raybench_s_units_on_its_telemetry_s_gpus(tmp_path):
     folder = tmp_path / "artifacts" / "run1"
     write(folder / "profile_export_aiperf.json", AIPERF)

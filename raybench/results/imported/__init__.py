@@ -41,9 +41,11 @@ from raybench.records import now
 from raybench.results import fingerprint
 from raybench.results.history import History
 from raybench.results.imported.tools import (
+    AIPERF_RECORDS,
     TOOLS,
     BadSource,
     aiperf_gpus,
+    aiperf_windows,
     detect,
     from_aiperf,
     from_loadgen,
@@ -71,6 +73,9 @@ def read(path: Path, tool: str = "auto") -> dict[str, Any]:
         data = read_json(target)
         config, metrics, when = (from_vllm if found == "vllm" else from_aiperf)(data)
         gpus = aiperf_gpus(data) if found == "aiperf" else []
+        records = target.parent / AIPERF_RECORDS
+        if found == "aiperf" and config["import.scenario"] != "server" and records.is_file():
+            metrics["serve/window_output_tokens_per_s"] = aiperf_windows(records)
         digest_of = target
     config = {"import.tool": found, "import.source": str(target.resolve()),
               "import.sha256": hashlib.sha256(digest_of.read_bytes()).hexdigest(), **config}

@@ -20,6 +20,7 @@ from raybench.scenarios import loadgen
 from raybench.scenarios.llm import figures  # the serve/* columns, token windows
 
 AIPERF_FILE = "profile_export_aiperf.json"
+AIPERF_RECORDS = "profile_export.jsonl"  # beside it: a record per request
 TOOLS = ("loadgen", "vllm", "aiperf")
 # vLLM's statistic prefixes and AIPerf's statistic keys -> raybench's suffixes
 VLLM_STATS = {"mean": "mean", "median": "p50", "p90": "p90", "p99": "p99"}
@@ -193,6 +194,45 @@ def from_aiperf(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], s
     metrics["serve/concurrency"] = config["import.concurrency"]
     config.update(_lengths(metrics))
     return config, metrics, data.get("start_time")
+
+
+def aiperf_windows(path: Path) -> list[float] | None:
+    """Output tokens/s windows from AIPerf's per-request records (`profile_export.jsonl`, the
+    same docs): each profiling request's chunks arrive at request_start_ns + time_to_first_token,
+    then after each inter_chunk_latency (ms); its output_sequence_length spread over them. A
+    failed request (`error` set, no metrics) and warm-up records bring none; a line that is not
+    a record is skipped."""
+    stamps: list[float] = []
+    tokens: list[float] = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        meta, m = (rec.get(k) if isinstance(rec, dict) else None for k in ("metadata", "metrics"))
+        if not isinstance(meta, dict) or not isinstance(m, dict) or rec.get("error") or \
+                meta.get("benchmark_phase", "profiling") != "profiling":
+            continue
+        start, ttft = _num(meta.get("request_start_ns")), _value_ms(m, "time_to_first_token")
+        n = _num((m.get("output_sequence_length") or {}).get("value"))
+        chunks = m.get("inter_chunk_latency") or {}
+        gaps, to_s = chunks.get("value") or [], TO_MS.get(chunks.get("unit", "ms"), 0.0) / 1e3
+        if start is None or ttft is None or not n or not isinstance(gaps, list) or not to_s:
+            continue
+        times = [start / 1e9 + ttft / 1e3]
+        for gap in gaps:
+            times.append(times[-1] + (_num(gap) or 0.0) * to_s)
+        stamps += times
+        tokens += [n / len(times)] * len(times)
+    return figures.token_windows(stamps, tokens) if stamps else None
+
+
+def _value_ms(metrics: dict[str, Any], tag: str) -> float | None:
+    entry = metrics.get(tag)
+    if not isinstance(entry, dict) or TO_MS.get(entry.get("unit", "ms")) is None:
+        return None
+    v = _num(entry.get("value"))
+    return None if v is None else v * TO_MS[entry.get("unit", "ms")]
 
 
 def aiperf_gpus(data: dict[str, Any]) -> list[str]:
