@@ -49,7 +49,11 @@ class ResultsTable:
         write_table(self.dir, to_frame(self.rows))
 
     def write_trial(self, trial: TrialSpec, detail: dict[str, Any]) -> Path:
-        path = self.dir / "trials" / f"{trial.index:04d}_{trial.key}.json"
+        return self.write_detail(trial.index, trial.key, detail)
+
+    def write_detail(self, index: int, key: str, detail: dict[str, Any]) -> Path:
+        """`trials/NNNN_<key>.json`: a row's detail (a sweep's trial, an imported file's)."""
+        path = self.dir / "trials" / f"{index:04d}_{key}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         text = json.dumps(jsonable(detail), indent=1, sort_keys=False)
         atomic(path, lambda p: Path(p).write_text(text))

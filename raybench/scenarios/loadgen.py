@@ -16,6 +16,7 @@ Sources (mlcommons/inference, `loadgen/`): the Python API of `bindings/python_ap
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import json
 import math
@@ -77,7 +78,7 @@ def load_module() -> Any:
     return mlperf_loadgen
 
 
-class _Sut:
+class _Sut(abc.ABC):
     """What both SUTs share: an event loop in a thread of its own (LoadGen calls `issue` on
     its issuing thread, which only hands the samples over), the outstanding samples under a
     lock, and a watchdog that answers them all once nothing was answered for `stall_s`.
@@ -110,10 +111,11 @@ class _Sut:
         self._thread.join(timeout=30)
         self._watch.join(timeout=30)
 
+    @abc.abstractmethod
     async def _begin(self) -> None:
         """The subclass's coroutines, started on the loop."""
 
-    async def _end(self) -> None:
+    async def _end(self) -> None:  # noqa: B027 (a hook: an SUT with nothing of its own to end)
         """The subclass's own end, before what is left on the loop is cancelled."""
 
     async def _close(self) -> None:
@@ -123,8 +125,12 @@ class _Sut:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    def flush(self) -> None:
+    def flush(self) -> None:  # noqa: B027 (LoadGen's callback, which both SUTs answer so)
         """LoadGen's FlushQueries: nothing is held back to flush."""
+
+    @abc.abstractmethod
+    def issue(self, samples: list[Any]) -> None:
+        """LoadGen's IssueQuery, on its issuing thread: hand the samples over, return at once."""
 
     def _hand_over(self, items: list[tuple[int, int]], pending: dict[Any, Any]) -> None:
         """LoadGen's IssueQuery: these samples outstanding (the watchdog's clock starts with
@@ -135,8 +141,9 @@ class _Sut:
             self.pending.update(pending)
         self.loop.call_soon_threadsafe(self._take, items)
 
+    @abc.abstractmethod
     def _take(self, items: list[tuple[int, int]]) -> None:
-        raise NotImplementedError
+        """On the loop: start work on these (LoadGen's id, sample index) items."""
 
     def _answered(self, keys: list[Any]) -> list[Any]:
         """LoadGen's ids of these keys, no longer outstanding (a key answered before: none)."""
@@ -145,9 +152,9 @@ class _Sut:
             self.last_answer = time.monotonic()
         return ids
 
+    @abc.abstractmethod
     def _answer(self, keys: list[Any]) -> None:
         """Answer these keys to LoadGen, whatever they are (the watchdog's end of them)."""
-        raise NotImplementedError
 
     def _watchdog(self) -> None:
         while not self._done.wait(1.0):

@@ -69,6 +69,7 @@ def test_token_windows_are_the_run_s_throughput_less_its_ramp_and_drain():
     windows = figures.token_windows(stamps)
     assert len(windows) == 8 and windows == pytest.approx([100.0] * 8, rel=0.15)
     assert figures.token_windows(stamps[:30]) is None
+    assert figures.token_windows([5.0] * 50) is None  # every token at once: no span to cut
     assert figures.token_windows([0.0, 1.0], [40.0, 40.0]) == pytest.approx([0.0] * 8)
     # chunks of 4 tokens at 40 a second, none on a window's edge: 160 tokens/s
     chunks = figures.token_windows([0.0, *[(k + 0.5) / 40 for k in range(40)], 1.0],

@@ -36,47 +36,24 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from raybench import console, store
+from raybench import console
 from raybench.records import now
 from raybench.results import fingerprint
 from raybench.results.history import History
-from raybench.results.imported.tools import (
-    AIPERF_RECORDS,
-    TOOLS,
-    BadSource,
-    aiperf_gpus,
-    aiperf_windows,
-    detect,
-    from_aiperf,
-    from_loadgen,
-    from_vllm,
-    read_json,
-)
+from raybench.results.imported.tools import TOOLS, BadSource, detect, read_source
 from raybench.results.rows import complete
 from raybench.results.rundir import new_run_dir
-from raybench.results.table import ResultsTable, atomic, jsonable
-from raybench.scenarios import loadgen
+from raybench.results.table import ResultsTable
 from raybench.version import code_version
 
 
 def read(path: Path, tool: str = "auto") -> dict[str, Any]:
-    """One source as {config, metrics, when, tool, file, gpus}."""
+    """One source as {config, metrics, when, gpus}."""
     found, target = detect(path)
     if tool != "auto" and tool != found:
         raise BadSource(f"{path} reads as {found}, not the {tool} that --format asked for. "
                         f"Fix: drop --format, or pass {tool}'s own result")
-    gpus: list[str] = []
-    if found == "loadgen":
-        config, metrics, when = from_loadgen(target)
-        digest_of = target / loadgen.DETAIL
-    else:
-        data = read_json(target)
-        config, metrics, when = (from_vllm if found == "vllm" else from_aiperf)(data)
-        gpus = aiperf_gpus(data) if found == "aiperf" else []
-        records = target.parent / AIPERF_RECORDS
-        if found == "aiperf" and config["import.scenario"] != "server" and records.is_file():
-            metrics["serve/window_output_tokens_per_s"] = aiperf_windows(records)
-        digest_of = target
+    config, metrics, when, gpus, digest_of = read_source(found, target)
     config = {"import.tool": found, "import.source": str(target.resolve()),
               "import.sha256": hashlib.sha256(digest_of.read_bytes()).hexdigest(), **config}
     return {"config": config, "metrics": metrics, "when": when, "gpus": gpus}
@@ -94,8 +71,9 @@ def system_columns(gpus: list[str]) -> dict[str, Any]:
 
 
 def import_runs(paths: list[Path], root: Path, name: str, system: str, tool: str = "auto",
-                gpus: list[str] | None = None) -> Path:
-    """Every source read first (one bad path writes nothing), then one run of their rows."""
+                gpus: list[str] | None = None) -> ResultsTable:
+    """Every source read first (one bad path writes nothing), then one run of their rows:
+    its table."""
     sources = [read(p, tool) for p in paths]
     out = new_run_dir(root / name)
     table, history = ResultsTable(out), History(root, code_version())
@@ -115,14 +93,11 @@ def import_runs(paths: list[Path], root: Path, name: str, system: str, tool: str
         if rate is not None:  # a serving row: per GPU where the GPUs are known
             row["serve/output_tokens_per_s_per_gpu"] = rate / len(on) if on else None
         complete(row, system_columns(on), {}, src["config"]["import.source"])
-        detail = {"import": src["config"], "row": row}
-        trial = out / "trials" / f"{i:04d}_{key}.json"
-        trial.parent.mkdir(parents=True, exist_ok=True)
-        atomic(trial, lambda p, d=detail: Path(p).write_text(json.dumps(jsonable(d), indent=1)))
+        table.write_detail(i, key, {"import": src["config"], "row": row})
         table.append(row)
         history.append(row)
     history.compact()
-    return out
+    return table
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m raybench.results.imported") -> int:
@@ -145,13 +120,13 @@ def main(argv: list[str] | None = None, prog: str = "python -m raybench.results.
     if args.gpus < 1:
         p.error("--gpus must be 1 or more")
     try:
-        out = import_runs(args.paths, Path(args.output), args.name, args.system, args.format,
-                          [args.accelerator] * args.gpus if args.accelerator else None)
+        table = import_runs(args.paths, Path(args.output), args.name, args.system,
+                            args.format, [args.accelerator] * args.gpus if args.accelerator
+                            else None)
     except BadSource as e:
         print(f"raybench: {e}", file=sys.stderr)
         return 2
-    rows = store.read_rows(out / "results.parquet")
-    for _, r in rows.iterrows():
+    for r in table.rows:
         print(f"{r['import.tool']}: {r['import.source']} -> trial {r['trial_key']} ({r['status']})")
-    print(f"{len(rows)} rows -> {out}")
+    print(f"{len(table.rows)} rows -> {table.dir}")
     return 0

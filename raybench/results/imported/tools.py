@@ -128,14 +128,23 @@ def _vllm_windows(data: dict[str, Any]) -> list[float] | None:
     stamps: list[float] = []
     tokens: list[float] = []
     for start, ttft, gaps, n, error in zip(starts, ttfts, itls, lens, errors, strict=False):
-        if error or not _num(start) or not _num(ttft) or not _num(n) or not isinstance(gaps, list):
-            continue  # a failed request: no tokens
-        times = [start + ttft]
-        for gap in gaps:
-            times.append(times[-1] + (_num(gap) or 0.0))
-        stamps += times
-        tokens += [n / len(times)] * len(times)
+        if error or _num(start) is None or not _num(ttft) or not _num(n) or \
+                not isinstance(gaps, list):
+            continue  # a failed request (TTFT 0): no tokens
+        _chunks(start + ttft, gaps, n, stamps, tokens)
     return figures.token_windows(stamps, tokens) if stamps else None
+
+
+def _chunks(first_s: float, gaps_s: list[Any], n: float, stamps: list[float],
+            tokens: list[float]) -> None:
+    """One request's chunks onto `stamps`: its first at `first_s`, the next after each gap
+    (seconds); and onto `tokens`, its `n` output tokens spread evenly over them (a streamed
+    chunk may carry several)."""
+    times = [first_s]
+    for gap in gaps_s:
+        times.append(times[-1] + (_num(gap) or 0.0))
+    stamps += times
+    tokens += [n / len(times)] * len(times)
 
 
 def _per(total: Any, n: float | None) -> float | None:
@@ -219,11 +228,8 @@ def aiperf_windows(path: Path) -> list[float] | None:
         gaps, to_s = chunks.get("value") or [], TO_MS.get(chunks.get("unit", "ms"), 0.0) / 1e3
         if start is None or ttft is None or not n or not isinstance(gaps, list) or not to_s:
             continue
-        times = [start / 1e9 + ttft / 1e3]
-        for gap in gaps:
-            times.append(times[-1] + (_num(gap) or 0.0) * to_s)
-        stamps += times
-        tokens += [n / len(times)] * len(times)
+        _chunks(start / 1e9 + ttft / 1e3, [(_num(g) or 0.0) * to_s for g in gaps], n, stamps,
+                tokens)
     return figures.token_windows(stamps, tokens) if stamps else None
 
 
@@ -258,3 +264,20 @@ def from_loadgen(folder: Path) -> tuple[dict[str, Any], dict[str, Any], str | No
               "import.tool_version": metrics["loadgen/version"]}
     when = datetime.fromtimestamp((folder / loadgen.DETAIL).stat().st_mtime, timezone.utc)
     return config, metrics, when.isoformat(timespec="seconds")
+
+
+def read_source(tool: str, target: Path
+                ) -> tuple[dict[str, Any], dict[str, Any], str | None, list[str], Path]:
+    """(config, metrics, when, the GPUs it names, the file its digest is of) of a source
+    `detect` found: each tool's own reading, AIPerf's per-request records beside its export
+    included."""
+    if tool == "loadgen":
+        return (*from_loadgen(target), [], target / loadgen.DETAIL)
+    data = read_json(target)
+    if tool == "vllm":
+        return (*from_vllm(data), [], target)
+    config, metrics, when = from_aiperf(data)
+    records = target.parent / AIPERF_RECORDS
+    if config["import.scenario"] != "server" and records.is_file():
+        metrics["serve/window_output_tokens_per_s"] = aiperf_windows(records)
+    return config, metrics, when, aiperf_gpus(data), target

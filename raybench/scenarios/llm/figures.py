@@ -113,7 +113,7 @@ def token_windows(stamps: Sequence[float], tokens: Sequence[float] | None = None
     one where not given); None for too few tokens to fill them."""
     t = np.asarray(stamps, dtype=float)
     w = np.ones_like(t) if tokens is None else np.asarray(tokens, dtype=float)
-    if w.sum() < WINDOWS * MIN_TOKENS_PER_WINDOW or t.max(initial=0) <= t.min(initial=0):
+    if w.sum() < WINDOWS * MIN_TOKENS_PER_WINDOW or t.max() <= t.min():  # w: t not empty
         return None
     edges = np.linspace(t.min(), t.max(), WINDOWS + 1)
     rates = np.histogram(t, edges, weights=w)[0] / np.diff(edges)
