@@ -195,6 +195,20 @@ def test_the_server_search_finds_the_known_ttft_limit():
     assert any(not p["passed"] and p["rate_qps"] <= known * 1.15 for p in probes)
 
 
+def test_a_run_shorter_than_the_kv_sampling_period_still_reads_the_cache():
+    """Two requests of 4 tokens at 1 ms a token on 2 slots: the run lasts a few milliseconds,
+    a tenth of KV_SAMPLE_S. The cache's use is read as the engine hands out tokens, so the row
+    has it (a reader waking every 50 ms missed such runs, or read them between allocations:
+    the tiny Llama's 60 ms closed loop once read 0)."""
+    (t,) = trials({"name": "fixed_tokens", "slots": 2, "prefill_ms": 1.0, "token_ms": 1.0},
+                  scenario="offline", samples=2, input_tokens=4, output_tokens=4,
+                  warmup_batches=1)
+    out = run_trial(t, "local")
+    assert out.status == "ok", out.error
+    print("wall", out.metrics["serve/wall_s"])  # about 5 ms here
+    assert out.metrics["serve/kv_use_peak_pct"] > 0
+
+
 def test_the_tiny_llama_serves_through_continuous_batching_in_process():
     """transformers' engine, random weights, forced lengths: every request gets its 12 tokens,
     the greedy tokens equal an fp32 reference pass of the same weights (the engine in fp32),

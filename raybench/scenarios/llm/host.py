@@ -30,7 +30,10 @@ from raybench.memory import peak_rss_mb, steady_heap
 from raybench.scenarios.llm import lengths
 from raybench.trials import TrialSpec
 
-KV_SAMPLE_S = 0.05  # how often the KV cache's use is read while requests run
+# The KV cache's use is read on the engine's own thread as it hands out tokens, at most this
+# often: a reader thread of its own woke every 50 ms, and a closed loop of 9 tiny-Llama
+# requests (about 60 ms) got one reading, 0 whenever it fell before the first allocation.
+KV_SAMPLE_S = 0.05
 # The event stream sends at most an item a millisecond, what came meanwhile joined to it: a
 # token's stamp is then at most that late, and Ray carries at most a thousand objects a second
 # a replica. With an item per wake-up, 16 slots of fixed_tokens each making a token every 2 ms
@@ -103,13 +106,10 @@ class EngineHost:
         self.ready = asyncio.Event()
         self.ended = False
         self.kv: list[float] = []
-        self.sampling = threading.Event()
-        self.closed = threading.Event()
+        self.kv_at = -np.inf  # when the KV cache's use was last read
+        self.sampling = False
         self.nvml = telemetry.open_sampler(device.index or 0) if device.type == "cuda" \
             else None
-        self.sampler = threading.Thread(target=self._sample_kv, daemon=True,
-                                        name="raybench-kv")
-        self.sampler.start()
         warm = [self.cls.prompt(trial.workload, WARMUP_INDEX + i, n_in)
                 for i in range(min(slots(trial), 8))]
         self.warmup_s = [self.run_together(warm, n_out)[1] for _ in range(inf.warmup_batches)]
@@ -148,23 +148,26 @@ class EngineHost:
             self.compared += len(r)
 
     def _sample_kv(self) -> None:
-        while not self.closed.wait(KV_SAMPLE_S):
-            if self.sampling.is_set():
-                use = self.engine.kv_use()
-                if use is not None:
-                    self.kv.append(use)
+        """The KV cache's use now, at most every KV_SAMPLE_S, while a run is measured: called
+        as the engine hands out tokens, so with requests holding their blocks."""
+        now = time.monotonic()
+        if self.sampling and now - self.kv_at >= KV_SAMPLE_S:
+            self.kv_at = now
+            use = self.engine.kv_use()
+            if use is not None:
+                self.kv.append(use)
 
     def measure(self, on: bool) -> dict[str, Any]:
         """Start (or stop and return) a run's samples: the KV cache's use, and on a GPU the
         NVML window's energy (telemetry.py: empty without NVML or under a second)."""
         if on:
-            self.kv = []
-            self.sampling.set()
+            self.kv, self.kv_at = [], -np.inf
+            self.sampling = True
             if self.nvml is not None:
                 self.nvml.samples = []
                 self.nvml.start()
             return {}
-        self.sampling.clear()
+        self.sampling = False
         gpu = telemetry.aggregate(self.nvml.stop(), 1) if self.nvml is not None else {}
         return {"kv": list(self.kv), "energy_j": gpu.get("energy_j"),
                 "power_mean_w": gpu.get("power_mean_w")}
@@ -176,6 +179,8 @@ class EngineHost:
     def _emit(self, rid: str, count: int, finished: bool, stamp: float,
               ids: list[int] | None) -> None:
         # the engine's thread: one wake-up of the events loop per batch, not per token
+        if count > 0 and not finished:
+            self._sample_kv()
         with self.lock:
             self.outbox.append((rid, count, stamp, finished, ids))
             wake, self.waking = not self.waking, True
@@ -233,6 +238,4 @@ class EngineHost:
         }
 
     def close(self) -> None:
-        if hasattr(self, "closed"):
-            self.closed.set()
         self.engine.close()
