@@ -305,6 +305,15 @@ class InferenceSpec(Strict):
         "then says server/search_truncated")
     rate_tolerance_pct: float = Field(
         5.0, gt=0, description="server: the search stops when its bracket is this narrow")
+    early_stopping: bool = Field(
+        True, description="server: MLPerf's rule: a rate passes only where LoadGen's early "
+        "stopping certifies each percentile judged (so a search probe sends at least the "
+        "queries that can: 459 at p99); false: the percentile alone, for quick looks with "
+        "short probes (the row says which rule)")
+    confirm_runs: int = Field(
+        2, ge=0, description="server: fresh arrival sequences the rate found must also pass, "
+        "a rate_tolerance_pct lower where one fails: on one sequence the limit is partly that "
+        "sequence's luck; 0: the search's answer as it is")
     accuracy_target: float | None = Field(
         None, ge=0, le=1, description="agreement with an fp32 reference pass on the same "
         "inputs below which the run is invalid (top-1 for classifiers, per pixel for tiles, "

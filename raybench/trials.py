@@ -81,8 +81,11 @@ KEY_NEUTRAL: dict[str, dict[str, Any]] = {
     "inference": {"cuda_graphs": False, "ttft_bound_ms": None, "tpot_bound_ms": None,
                   "input_tokens": None, "output_tokens": None, "concurrency": None,
                   "limits": None, "lengths_file": None, "loadgen": False,
-                  "loadgen_seconds": 600.0},
+                  "loadgen_seconds": 600.0, "early_stopping": False, "confirm_runs": 0},
 }
+# Fields that join an inference trial's key only in the scenario they act in (added after
+# keys were first recorded): another scenario's rows keep the keys they had.
+SCENARIO_ONLY = {"early_stopping": "server", "confirm_runs": "server"}
 _MISSING = object()
 
 
@@ -95,6 +98,10 @@ def trial_key(workload_name: str, sections: dict[str, Any]) -> str:
         for name, value in fields.items():
             if section in payload and payload[section].get(name, _MISSING) == value:
                 del payload[section][name]
+    inference = payload.get("inference")
+    for name, scenario in SCENARIO_ONLY.items():
+        if inference is not None and inference.get("scenario") != scenario:
+            inference.pop(name, None)
     blob = json.dumps(payload, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 

@@ -66,6 +66,21 @@ def test_inference_keys_stay_those_recorded_before_the_setting():
     assert graphed.key != t.key
 
 
+def test_a_server_trial_keeps_its_key_under_the_old_rule_and_gets_a_new_one_under_mlperfs():
+    """The lent H200's Server rows (run3, before the search required early stopping and
+    confirmed its answer): the same trial with the rule it ran under keeps its key, so resume
+    and the history still find it; under MLPerf's rule (the default now) it is another
+    measurement, with a key of its own, so the history never compares the two rules' rates."""
+    sweep = H200_RUN / "sweeps3/server_graphs.yaml"
+    recorded = pd.read_csv(H200_RUN / "run3/server_local/results.csv")["trial_key"].iloc[0]
+    (old,) = expand(load_sweep(sweep, ["grid={inference.cuda_graphs: [false]}",
+                                       "inference.early_stopping=false",
+                                       "inference.confirm_runs=0"]))
+    assert old.key == recorded
+    (now,) = expand(load_sweep(sweep, ["grid={inference.cuda_graphs: [false]}"]))
+    assert now.key != recorded
+
+
 def test_a_cpu_tensor_is_refused():
     with pytest.raises(ValueError, match="need a GPU replica"):
         GraphedForward(lambda x: x, torch.zeros(3), 4)

@@ -2,11 +2,11 @@
 system under test, its logs read back into row columns.
 
 Owns the SUT (LoadGen's queries wait in one FIFO queue and go to whichever replica is free, up
-to `max_batch` waiting queries a call: the dispatch of scenarios/server.run_load, with LoadGen
-choosing when each query arrives), LoadGen's settings from the sweep, a watchdog that answers
-the outstanding queries of a replica that stopped answering (LoadGen waits for every query
-and has no time limit of its own), and the reading of a LoadGen log directory
-(`read_log`, `columns`), which `raybench import` uses too.
+to `max_batch` waiting queries a call: scenarios/dispatch.py, as in raybench's own Server
+run, with LoadGen choosing when each query arrives), LoadGen's settings from the sweep, a
+watchdog that answers the outstanding queries of a replica that stopped answering (LoadGen
+waits for every query and has no time limit of its own), and the reading of a LoadGen log
+directory (`read_log`, `columns`), which `raybench import` uses too.
 
 Sources (mlcommons/inference, `loadgen/`): the Python API of `bindings/python_api.cc`
 (ConstructSUT, ConstructQSL, StartTestWithLogSettings, QuerySamplesComplete), the settings of
@@ -23,14 +23,15 @@ import math
 import tempfile
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from raybench.columns import Metric, declare
 from raybench.failures import Infeasible
+from raybench.scenarios import dispatch
+from raybench.scenarios.dispatch import Serve
 
-Call = Callable[[list[int]], Awaitable[dict[str, Any]]]
 DETAIL = "mlperf_log_detail.txt"
 SUMMARY = "mlperf_log_summary.txt"
 # A replica that has answered nothing for this long has stopped: its queries are answered
@@ -79,9 +80,10 @@ def load_module() -> Any:
 
 
 class _Sut(abc.ABC):
-    """What both SUTs share: an event loop in a thread of its own (LoadGen calls `issue` on
-    its issuing thread, which only hands the samples over), the outstanding samples under a
-    lock, and a watchdog that answers them all once nothing was answered for `stall_s`.
+    """What both SUTs share: an event loop in a thread of its own (the token engines' streams
+    are read there; Dispatch's replica threads start and stop from it), LoadGen's `issue` on
+    its issuing thread only handing the samples over, the outstanding samples under a lock,
+    and a watchdog that answers them all once nothing was answered for `stall_s`.
     A subclass keeps `pending` (key -> LoadGen's id) and says how a key is answered."""
 
     def __init__(self, lg: Any, stall_s: float | None = None):
@@ -134,16 +136,17 @@ class _Sut(abc.ABC):
 
     def _hand_over(self, items: list[tuple[int, int]], pending: dict[Any, Any]) -> None:
         """LoadGen's IssueQuery: these samples outstanding (the watchdog's clock starts with
-        the first), then on the loop."""
+        the first), then handed to the subclass."""
         with self._lock:
             if not self.pending:
                 self.last_answer = time.monotonic()
             self.pending.update(pending)
-        self.loop.call_soon_threadsafe(self._take, items)
+        self._take(items)
 
     @abc.abstractmethod
     def _take(self, items: list[tuple[int, int]]) -> None:
-        """On the loop: start work on these (LoadGen's id, sample index) items."""
+        """On LoadGen's issuing thread: start work on these (LoadGen's id, sample index)
+        items, returning at once."""
 
     def _answered(self, keys: list[Any]) -> list[Any]:
         """LoadGen's ids of these keys, no longer outstanding (a key answered before: none)."""
@@ -171,19 +174,25 @@ class _Sut(abc.ABC):
 
 
 class Dispatch(_Sut):
-    """LoadGen's SUT over replica calls: one worker per replica taking the oldest waiting
-    query (and up to max_batch - 1 more already waiting) in one call."""
+    """LoadGen's SUT over replica calls: raybench's own dispatch (dispatch.Fifo), a thread per
+    replica taking the oldest waiting query (and up to max_batch - 1 more already waiting) in
+    one call, each call's queries answered to LoadGen as it ends."""
 
-    def __init__(self, lg: Any, calls: Sequence[Call], max_batch: int,
+    def __init__(self, lg: Any, calls: Sequence[Serve], max_batch: int,
                  stall_s: float | None = None):
         super().__init__(lg, stall_s)
-        self.calls, self.max_batch = list(calls), max_batch
         self.records: list[dict[str, Any]] = []
+        self.fifo = dispatch.Fifo(calls, max_batch, self._call_ended,
+                                  index_of=lambda item: item[1])
 
     async def _begin(self) -> None:
-        self.queue: asyncio.Queue[tuple[int, int]] = asyncio.Queue()
-        for call in self.calls:
-            asyncio.ensure_future(self._worker(call))
+        self.fifo.__enter__()
+
+    async def _end(self) -> None:
+        # LoadGen has ended: every query answered, by its replica or by the watchdog (whose
+        # stuck replica's thread, a daemon, is not waited for long)
+        await asyncio.get_running_loop().run_in_executor(
+            None, self.fifo.stop, 0.5 if self.errors else 5.0)
 
     def issue(self, samples: list[Any]) -> None:
         items = [(s.id, s.index) for s in samples]
@@ -191,18 +200,15 @@ class Dispatch(_Sut):
 
     def _take(self, items: list[tuple[int, int]]) -> None:
         for item in items:
-            self.queue.put_nowait(item)
+            self.fifo.put(item)
 
-    async def _worker(self, call: Call) -> None:
-        while True:
-            batch = [await self.queue.get()]
-            while len(batch) < self.max_batch and not self.queue.empty():
-                batch.append(self.queue.get_nowait())
-            try:
-                self.records.append(await call([index for _, index in batch]))
-            except Exception as e:  # answered anyway, so LoadGen ends; the trial is an error
-                self.errors.append(e)
-            self._answer([qid for qid, _ in batch])
+    def _call_ended(self, call: dispatch.CallEnd) -> None:
+        # answered even when the call failed, so that LoadGen ends; the trial is an error
+        if call.error is not None:
+            self.errors.append(call.error)
+        else:
+            self.records.append(call.record)
+        self._answer([qid for qid, _ in call.items])
 
     def _answer(self, keys: list[Any]) -> None:
         ids = self._answered(keys)
@@ -239,6 +245,10 @@ class TokenDispatch(_Sut):
         self._hand_over(items, {f"lg-{qid}": qid for qid, _ in items})
 
     def _take(self, items: list[tuple[int, int]]) -> None:
+        self.loop.call_soon_threadsafe(self._route, items)
+
+    def _route(self, items: list[tuple[int, int]]) -> None:
+        """On the loop: each sample to the replica with the fewest in flight."""
         for qid, index in items:
             i = min(range(len(self.replicas)), key=lambda j: self.inflight[j])
             self.inflight[i] += 1
@@ -281,7 +291,7 @@ class TokenDispatch(_Sut):
                 self.lg.QuerySamplesComplete([self.lg.QuerySampleResponse(qid, 0, 0, 0)])
 
 
-def run(calls: Sequence[Call], inf: Any, scenario: str, target_qps: float, out_dir: Path,
+def run(calls: Sequence[Serve], inf: Any, scenario: str, target_qps: float, out_dir: Path,
         max_batch: int, samples: int) -> dict[str, Any]:
     """One LoadGen run over the replicas' calls; its log read back (`read_log`), the replica
     records it collected under `records`. A replica error raises after LoadGen has ended."""

@@ -77,6 +77,24 @@ def queries_needed(late: int, percentile: float) -> int:
     return lo
 
 
+def late_allowed(n: int, percentile: float, early_stopping: bool) -> int:
+    """The most late queries of n a run may have and still pass: under MLPerf's rule those
+    that early stopping certifies (which keeps the percentile under its bound too: fewer than
+    the queries past the rank), else those past LoadGen's rank of the percentile; -1 where
+    even none pass (fewer than 459 queries at p99, by MLPerf's rule)."""
+    if early_stopping:
+        return allowed_late(n, percentile)
+    return n - 1 - rank(n, percentile)
+
+
+def stop_after(n: int, percentile: float, early_stopping: bool) -> int:
+    """The late queries past which a run of n stops (its verdict can no longer change): those
+    the rule allows, or, where n queries can never be certified (a short fixed-rate run), those
+    the percentile allows: such a run still gives its figures."""
+    allowed = late_allowed(n, percentile, early_stopping)
+    return allowed if allowed >= 0 else late_allowed(n, percentile, False)
+
+
 def verdict(latencies_s: Sequence[float], bound_s: float, percentile: float,
             run_s: float | None) -> dict[str, object]:
     """LoadGen's Server decision on one run: its percentile under the bound and early

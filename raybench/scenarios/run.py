@@ -7,11 +7,9 @@ runner="ray")` from the driver, the local and torchrun runners `runner="local"`.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
@@ -22,7 +20,7 @@ from raybench import workloads
 from raybench.columns import Metric, declare
 from raybench.failures import failure
 from raybench.records import TrialOutcome
-from raybench.scenarios import loadgen, mlperf, offline, server
+from raybench.scenarios import dispatch, loadgen, mlperf, offline, server
 from raybench.scenarios.replica import Replica, local_devices
 from raybench.trials import TrialSpec, derive
 
@@ -42,6 +40,12 @@ declare(
     Metric("server/samples_per_s", "samples/s", "server/rate_qps x samples per query"),
     Metric("server/p{q}_ms", "ms", "query latency percentile at the rate shown"),
     Metric("server/service_mean_ms", "ms", "a replica call's service time, mean"),
+    Metric("server/dispatch_delay_p{q}_ms", "ms", "raybench's hand-off of a call, percentile: "
+           "from when it could have begun (its first query arrived and its replica was free) "
+           "to when the replica's thread began it"),
+    Metric("server/call_overhead_ms", "ms", "a call's time on the dispatcher's clock beyond "
+           "the replica's own service time, mean: the harness's share of every call (the "
+           "way to and from a Ray actor included)"),
     Metric("server/ttft_p{q}_ms", "ms", "time to first token, percentile"),
     Metric("server/tpot_p{q}_ms", "ms", "time per output token after the first, percentile"),
     Metric("server/search", "text", "every probe (JSON list)"),
@@ -57,6 +61,13 @@ declare(
     Metric("server/run_s", "s", "the rate shown's run: its last query's scheduled arrival"),
     Metric("server/mlperf_min_duration_met", "bool", "the run lasted MLPerf's 600 s"),
     Metric("server/mlperf_min_queries_met", "bool", "the run sent LoadGen's 100 queries"),
+    Metric("server/rule", "text", "what a rate had to pass: mlperf (each percentile under its "
+           "bound and certified by LoadGen's early stopping) or percentile (the percentile "
+           "alone: inference.early_stopping false)"),
+    Metric("server/confirm_runs", "count", "fresh arrival sequences the rate found had to "
+           "pass too (inference.confirm_runs)"),
+    Metric("server/confirm_steps", "count", "times the search's answer was lowered by its "
+           "tolerance because a fresh arrival sequence failed it"),
 )
 
 
@@ -133,17 +144,19 @@ def server_outcome(trial: TrialSpec, best: dict[str, Any] | None, probes: list[d
         "server/queries_per_call": shown.get("queries_per_call"),
         "server/samples_per_s": best["rate_qps"] * inf.query_samples if best else None,
         "server/ttft_bound_ms": inf.ttft_bound_ms, "server/tpot_bound_ms": inf.tpot_bound_ms,
-        **mlperf.columns(shown),
+        **mlperf.columns(shown), **server.rule_columns(inf, probes),
     }
     for k in ("p50_ms", "p90_ms", "p99_ms", "service_mean_ms", "ttft_p50_ms", "ttft_p99_ms",
-              "tpot_p50_ms", "tpot_p99_ms"):
+              "tpot_p50_ms", "tpot_p99_ms", "dispatch_delay_p50_ms", "dispatch_delay_p99_ms",
+              "call_overhead_ms", f"p{inf.latency_percentile:g}_ms"):
         if k in shown:
             metrics[f"server/{k}"] = shown[k]
     metrics["server/search"] = json.dumps([
         {"rate_qps": round(p["rate_qps"], 4), f"p{inf.latency_percentile:g}_ms":
          p.get(f"p{inf.latency_percentile:g}_ms"), "passed": p["passed"],
-         "queries": p["queries"], "early_stopping": {k: v.get("early_stopping") for k, v in
-                                                     p.get("mlperf", {}).items()}}
+         "queries": p["queries"], "sequence": p.get("sequence", 0),
+         "early_stopping": {k: v.get("early_stopping") for k, v in
+                            p.get("mlperf", {}).items()}}
         for p in probes])
     every = server.distinct_calls([r for p in probes for r in p["_run"]["records"]])
     metrics.update(offline.accuracy(every, stats, trial))
@@ -189,27 +202,20 @@ def _server_local(trial: TrialSpec, artifacts: str | None) -> TrialOutcome:
     # Warmup calls carry batch_size samples; a query carries query_samples.
     trial = _query_sized(trial)
     replicas = [Replica(trial, i, d) for i, d in enumerate(local_devices(trial))]
-    pools = [ThreadPoolExecutor(1, thread_name_prefix=f"replica{i}") for i in range(len(replicas))]
     inputs = _query_inputs(trial)
 
-    def call_of(i: int):
-        async def call(ks: list[int]) -> dict[str, Any]:
-            loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(pools[i], replicas[i].serve_queries,
-                                              batch_ids(trial, ks),
-                                              *[inputs[k % QUERY_POOL] for k in ks])
-        return call
+    def serve_of(i: int) -> dispatch.Serve:
+        def serve(ks: list[int]) -> dict[str, Any]:  # on the dispatcher's thread of replica i
+            return replicas[i].serve_queries(batch_ids(trial, ks),
+                                             *[inputs[k % QUERY_POOL] for k in ks])
+        return serve
 
-    try:
-        return _serve(trial, [call_of(i) for i in range(len(replicas))],
-                      [r.stats() for r in replicas], lambda: [r.stats() for r in replicas],
-                      artifacts)
-    finally:
-        for p in pools:
-            p.shutdown(wait=False)
+    return _serve(trial, [serve_of(i) for i in range(len(replicas))],
+                  [r.stats() for r in replicas], lambda: [r.stats() for r in replicas],
+                  artifacts)
 
 
-def _serve(trial: TrialSpec, calls: list[server.Call], stats: list[dict[str, Any]],
+def _serve(trial: TrialSpec, calls: list[dispatch.Serve], stats: list[dict[str, Any]],
            stats_of: Callable[[], list[dict[str, Any]]], artifacts: str | None
            ) -> TrialOutcome:
     """The scenario over ready replicas' calls (`stats`: their facts at start, `stats_of`
@@ -275,14 +281,14 @@ def _server_ray(trial: TrialSpec, start_timeout_s: float, logical_gpus: bool,
         stats = ray.get([r.stats.remote() for r in replicas], timeout=start_timeout_s + 300)
         refs = [ray.put(x) for x in _query_inputs(trial)]
 
-        def call_of(r):
-            async def call(ks: list[int]) -> dict[str, Any]:
+        def serve_of(r: Any) -> dispatch.Serve:
+            def serve(ks: list[int]) -> dict[str, Any]:  # on the dispatcher's thread of r
                 # refs as arguments of their own: Ray resolves those, not refs inside a list
-                return await r.serve_queries.remote(batch_ids(trial, ks),
-                                                    *[refs[k % QUERY_POOL] for k in ks])
-            return call
+                return ray.get(r.serve_queries.remote(batch_ids(trial, ks),
+                                                      *[refs[k % QUERY_POOL] for k in ks]))
+            return serve
 
-        return _serve(trial, [call_of(r) for r in replicas], stats,
+        return _serve(trial, [serve_of(r) for r in replicas], stats,
                       lambda: ray.get([r.stats.remote() for r in replicas], timeout=60),
                       artifacts)
     finally:

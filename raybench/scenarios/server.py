@@ -4,33 +4,36 @@ Owns the arrival schedule (a seeded unit-rate Exponential sequence scaled by 1/r
 probed rate replays the same arrival pattern and the latency percentile grows monotonically
 with the rate, as in a single queue it must), the dispatcher (queries wait in one FIFO queue
 and go to whichever replica is free: the least-loaded routing a serving front end does), the
-latency figures, and the search for the highest rate whose percentile (at LoadGen's rank,
-scenarios/mlperf.py) stays under the bound, with time to first token and time per output
-token each under its own bound where set. Each probe also gets LoadGen's early-stopping
-verdict, stated in the row; the search does not yet require it: with the shortest probe that
-can be certified (459 queries at p99, none of them late) one late query fails a rate, and on
-a 2-core VM a stall of the dispatcher made the search report 0.75 of the known limit
-(docs/journal/2026-11.md). Latency runs from a query's scheduled arrival, so a generator that
-falls behind cannot hide queueing. Replicas are plain async callables: Ray actors or threads.
+latency figures, and the search for the highest rate that passes MLPerf's rule (scenarios/
+mlperf.py): each bound set (the latency; time to first token and per output token) under its
+percentile at LoadGen's rank, with LoadGen's early stopping certifying it, so a search probe
+sends at least the 459 queries that can certify p99. The rate found is then confirmed on
+fresh arrival sequences, stepping down where one fails, as a submitter confirms before a
+run: on one sequence the limit is that sequence's luck (two M/D/1 sequences' limits differ
+by a tenth at 2,000 queries, docs/journal/2026-12.md). `early_stopping: false` judges the
+percentile alone, for quick looks. Latency runs from a query's scheduled arrival, so a
+generator that falls behind cannot hide queueing. Replicas are plain blocking calls, each
+served by a thread of its own (dispatch.py): of a Ray actor, or of a replica in this process.
 """
 
 from __future__ import annotations
 
-import asyncio
 import math
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from raybench.scenarios import mlperf
+from raybench.scenarios import dispatch, mlperf
+from raybench.scenarios.dispatch import Serve
 
-# query indices -> the replica's record of the one call that answered them all
-Call = Callable[[list[int]], Awaitable[dict[str, Any]]]
 MAX_PROBES = 16
+# Step-downs of the rate found, by the search's tolerance, while a fresh arrival sequence fails
+# it; a rate still unconfirmed after them is not reported.
+MAX_CONFIRM_STEPS = 6
 # Below start / 2**HALVINGS the bound is out of reach: each halving doubles a probe's length
 # (a probe sends at least min_queries), so going lower costs minutes and says nothing new.
 HALVINGS = 5
@@ -40,107 +43,105 @@ HALVINGS = 5
 SWITCH_INTERVAL_S = 1e-3
 
 
-def unit_gaps(seed: int, n: int) -> np.ndarray:
-    """Inter-arrival gaps of a rate-1 Poisson process; divided by the rate when used."""
-    return np.random.default_rng([seed, 0x5E7E]).exponential(1.0, n)
+def unit_gaps(seed: int, n: int, sequence: int = 0) -> np.ndarray:
+    """Inter-arrival gaps of a rate-1 Poisson process; divided by the rate when used.
+    `sequence` > 0: another arrival sequence of the same seed (the confirmation runs')."""
+    key = [seed, 0x5E7E] + ([sequence] if sequence else [])
+    return np.random.default_rng(key).exponential(1.0, n)
 
 
-def query_count(rate: float, seconds: float, min_queries: int) -> int:
-    return max(min_queries, math.ceil(rate * seconds))
+def query_count(rate: float, seconds: float, min_queries: int, floor: int = 0) -> int:
+    """Queries of a run at `rate`: `seconds` of them, at least min_queries and `floor`."""
+    return max(min_queries, floor, math.ceil(rate * seconds))
 
 
-async def run_load(replicas: Sequence[Call], rate: float, gaps: np.ndarray,
-                   bound_s: float | None, percentile: float, max_batch: int = 1
-                   ) -> dict[str, Any]:
+def certifiable(inf: Any) -> int:
+    """The fewest queries a search probe sends under MLPerf's rule: the fewest that early
+    stopping can certify at the trial's percentile (459 at p99, none late); 0 for the
+    percentile alone. A fixed-rate run (rate_qps) sends what the sweep asks and is judged."""
+    if not inf.early_stopping or inf.rate_qps is not None:
+        return 0
+    return mlperf.queries_needed(0, inf.latency_percentile)
+
+
+def run_load(replicas: Sequence[Serve], rate: float, gaps: np.ndarray,
+             bound_s: float | None, percentile: float, max_batch: int = 1,
+             early_stopping: bool = True) -> dict[str, Any]:
     """Send len(gaps) queries at `rate`; returns the latencies (inf: never answered) and the
     replica records (per query: the record of the call that answered it). A free replica
     takes the oldest waiting query and, with `max_batch` > 1, up to max_batch - 1 more that
     are already waiting, in one call (dynamic batching without a wait, as a serving front end
-    does it). With a bound, stops as soon as more queries were late than the percentile
-    allows: the rest could not change the verdict."""
-    loop = asyncio.get_running_loop()
+    does it: dispatch.Fifo). With a bound, stops as soon as more queries were late than the
+    rule allows (mlperf.stop_after): the rest could not change the verdict."""
     arrivals = np.cumsum(gaps) / rate
     n = len(arrivals)
-    allowed_late = n - 1 - mlperf.rank(n, percentile)  # more late: the rank's query is late
+    allowed_late = mlperf.stop_after(n, percentile, early_stopping)
     latency = np.full(n, np.inf)
     records: list[dict[str, Any] | None] = [None] * n
-    queue: asyncio.Queue[int] = asyncio.Queue()
-    late = 0
+    # each call's hand-off delay, its wall time on the dispatcher's clock, the replica's own
+    calls: list[tuple[float, float, float | None]] = []
+    lock = threading.Lock()
+    counts = {"late": 0, "answered": 0}
     errors: list[BaseException] = []
-    failed = asyncio.Event()
-    issued = asyncio.Event()
-    halt = threading.Event()
-    t0 = time.monotonic() + 0.01  # the loop's clock is time.monotonic too
+    failed, ended, halt = threading.Event(), threading.Event(), threading.Event()
+    t0 = time.monotonic() + 0.01
 
-    def issue() -> None:
-        # A thread, not a coroutine: the event loop's timers wake up to 1 ms late (epoll's
-        # millisecond timeout), which would show as latency; time.sleep is finer.
+    def done(call: dispatch.CallEnd) -> None:
+        if call.error is not None:  # a replica that fails ends the run: the trial is an error
+            errors.append(call.error)
+            failed.set()
+            ended.set()
+            return
+        first = t0 + arrivals[call.items[0]]
+        with lock:
+            calls.append((call.start - max(first, call.free_since), call.end - call.start,
+                          (call.record or {}).get("service_s")))
+            for k in call.items:
+                records[k] = call.record
+                latency[k] = call.end - (t0 + arrivals[k])
+                counts["late"] += bound_s is not None and latency[k] > bound_s
+            counts["answered"] += len(call.items)
+            if counts["late"] > allowed_late:
+                failed.set()
+            if counts["answered"] == n or failed.is_set():
+                ended.set()
+
+    def issue(fifo: dispatch.Fifo) -> None:
+        # a thread's timed wait wakes finer than an event loop's timers (epoll's millisecond
+        # timeout), which would show as latency
+        dispatch.fine_timers()
         for k, at in enumerate(arrivals):
             delay = t0 + at - time.monotonic()
             if delay > 0 and halt.wait(delay):
                 return
-            loop.call_soon_threadsafe(queue.put_nowait, k)
-        loop.call_soon_threadsafe(issued.set)
+            fifo.put(k)
 
-    async def worker(call: Call) -> None:
-        nonlocal late
-        while True:
-            batch = [await queue.get()]
-            while len(batch) < max_batch and not queue.empty():
-                batch.append(queue.get_nowait())
-            try:
-                record = await call(batch)
-                now = time.monotonic()
-                for k in batch:
-                    records[k] = record
-                    latency[k] = now - (t0 + arrivals[k])
-                    if bound_s is not None and latency[k] > bound_s:
-                        late += 1
-                if late > allowed_late:
-                    failed.set()
-            except Exception as e:  # a replica that fails ends the run: the trial is an error
-                errors.append(e)
-                failed.set()
-                return
-            finally:
-                for _ in batch:
-                    queue.task_done()
-
-    workers = [asyncio.ensure_future(worker(c)) for c in replicas]
-    issuer = threading.Thread(target=issue, name="raybench-arrivals", daemon=True)
-    issuer.start()
-    done_all = asyncio.ensure_future(_all_answered(issued, queue))
-    stop = asyncio.ensure_future(failed.wait())
-    # A replica that stops answering must not hang the sweep.
-    limit = float(arrivals[-1]) * 4 + 120
-    finished, _ = await asyncio.wait([done_all, stop], timeout=limit,
-                                     return_when=asyncio.FIRST_COMPLETED)
-    halt.set()
-    issuer.join()
-    for task in (*workers, done_all, stop):
-        task.cancel()
-    await asyncio.gather(*workers, done_all, stop, return_exceptions=True)
+    with dispatch.Fifo(replicas, max_batch, done) as fifo:
+        issuer = threading.Thread(target=issue, args=(fifo,), name="raybench-arrivals",
+                                  daemon=True)
+        issuer.start()
+        # A replica that stops answering must not hang the sweep.
+        limit = float(arrivals[-1]) * 4 + 120
+        finished = ended.wait(limit) or failed.is_set()
+        halt.set()
+        issuer.join()
     if errors:
         raise errors[0]
     if not finished:
         raise TimeoutError(f"the replicas answered {int(np.isfinite(latency).sum())} of {n} "
                            f"queries at {rate:.4g} queries/s in {limit:.0f} s")
-    return {"rate": rate, "latency_s": latency, "records": records,
+    return {"rate": rate, "latency_s": latency, "records": records, "calls": calls,
             "duration_s": float(arrivals[-1]), "stopped_early": failed.is_set()}
 
 
-async def _all_answered(issued: asyncio.Event, queue: asyncio.Queue) -> None:
-    await issued.wait()
-    await queue.join()
-
-
 def summarize(run: dict[str, Any], bound_s: float | None, percentile: float,
-              token_bounds_s: tuple[float | None, float | None] = (None, None)
-              ) -> dict[str, Any]:
+              token_bounds_s: tuple[float | None, float | None] = (None, None),
+              early_stopping: bool = True) -> dict[str, Any]:
     """Percentiles of one rate's run and MLPerf's verdict on it (pure): each bound set (the
     query latency; time to first token and per output token, `token_bounds_s`) judged at
-    LoadGen's rank, with LoadGen's early-stopping verdict beside it (stated, not yet
-    required). Unanswered queries count as infinitely late."""
+    LoadGen's rank and by LoadGen's early stopping; the run passes where each does
+    (`early_stopping` false: where each percentile is under its bound, the certification
+    stated but not required). Unanswered queries count as infinitely late."""
     lat = run["latency_s"]
     answered = [r for r in run["records"] if r is not None]
     calls = distinct_calls(run["records"])
@@ -157,16 +158,37 @@ def summarize(run: dict[str, Any], bound_s: float | None, percentile: float,
         "queries_per_call": len(answered) / len(calls) if calls else None,
         "stopped_early": run["stopped_early"], "run_s": run.get("duration_s"),
     }
+    out.update(dispatch_figures(run.get("calls") or []))
     tokens = [r for r in answered if r.get("first_token_s") is not None]
     if tokens:
         out.update(_token_figures(run, percentile, token_bounds_s, verdicts))
     elif any(b is not None for b in token_bounds_s):
         # token bounds on a workload whose replies carry no first-token time: nothing to judge
-        verdicts["ttft"] = {"within_bound": False, "early_stopping": "no token times"}
+        verdicts["ttft"] = {"within_bound": False, "passed": False,
+                            "early_stopping": "no token times"}
     out["mlperf"] = verdicts
-    out["passed"] = not run["stopped_early"] and all(v["within_bound"]
-                                                     for v in verdicts.values())
+    out["passed"] = passes(verdicts, run["stopped_early"], early_stopping)
     return out
+
+
+def dispatch_figures(calls: Sequence[tuple[float, float, float | None]]) -> dict[str, Any]:
+    """What raybench's own dispatch cost the run's calls (run_load's `calls`): the hand-off
+    delay from when a call could have begun (its first query there, its replica free) to when
+    it did, and the time a call took on the dispatcher's clock beyond the replica's own."""
+    if not calls:
+        return {}
+    delay = np.array([c[0] for c in calls])
+    over = [c[1] - c[2] for c in calls if c[2] is not None]
+    return {"dispatch_delay_p50_ms": float(np.percentile(delay, 50) * 1e3),
+            "dispatch_delay_p99_ms": float(np.percentile(delay, 99) * 1e3),
+            "call_overhead_ms": float(np.mean(over) * 1e3) if over else None}
+
+
+def passes(verdicts: dict[str, Any], stopped_early: bool, early_stopping: bool) -> bool:
+    """A run's decision from its verdicts (mlperf.verdict, one per bound judged): MLPerf's
+    rule, or with `early_stopping` false the percentiles alone."""
+    key = "passed" if early_stopping else "within_bound"
+    return not stopped_early and all(v[key] for v in verdicts.values())
 
 
 def _token_figures(run: dict[str, Any], percentile: float,
@@ -190,6 +212,17 @@ def _token_figures(run: dict[str, Any], percentile: float,
             "tpot_p99_ms": _ms(mlperf.percentile_of(tpot, 99))}
 
 
+def rule_columns(inf: Any, probes: list[dict[str, Any]]) -> dict[str, Any]:
+    """What a Server row states of the rule its rate passed and its confirmation: the step-
+    downs are the search-sequence probes after the first confirming one."""
+    first = next((i for i, p in enumerate(probes) if p.get("sequence")), len(probes))
+    searching = inf.rate_qps is None
+    return {"server/rule": "mlperf" if inf.early_stopping else "percentile",
+            "server/confirm_runs": inf.confirm_runs if searching else 0,
+            "server/confirm_steps": sum(1 for p in probes[first:] if not p.get("sequence"))
+            if searching else 0}
+
+
 def distinct_calls(records: Sequence[dict[str, Any] | None]) -> list[dict[str, Any]]:
     """Each replica call's record once (a batched call answered several queries)."""
     return list({id(r): r for r in records if r is not None}.values())
@@ -199,23 +232,31 @@ def _ms(seconds: float) -> float | None:
     return None if not math.isfinite(seconds) else float(seconds * 1e3)
 
 
-def search_rate(probe: Callable[[float], dict[str, Any]], start: float, cap: float,
+def search_rate(probe: Callable[..., dict[str, Any]], start: float, cap: float,
                 tolerance_pct: float, budget_s: float = math.inf,
-                clock: Callable[[], float] = time.monotonic,
+                clock: Callable[[], float] = time.monotonic, confirm_runs: int = 0,
                 ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """Highest passing rate: double from `start` (halve if it fails) until the verdict changes,
-    then bisect until the bracket is within `tolerance_pct`. Returns the best passing probe
-    (None: even the lowest rate tried failed) and every probe in order; no new probe starts
-    after `budget_s` (the last probe then says `truncated`). Pure over `probe` and `clock`."""
+    then bisect until the bracket is within `tolerance_pct`; then confirm it on `confirm_runs`
+    fresh arrival sequences (`probe(rate, k)`, k = 1, 2, ...; the search's own is
+    `probe(rate)`), a tolerance lower where one fails (and there on the search's sequence
+    too). Returns the best passing probe on the search's sequence (None: even the lowest rate
+    tried failed, or no rate was confirmed) and every probe in order, each confirming one
+    marked with its `sequence`; no new probe starts after `budget_s` (the last probe then says
+    `truncated`). Pure over `probe` and `clock`."""
     began = clock()
     probes: list[dict[str, Any]] = []
+
+    def out_of_time() -> bool:
+        if probes and clock() - began > budget_s:
+            probes[-1]["truncated"] = True
+            return True
+        return False
+
     best: dict[str, Any] | None = None
     lo, hi = None, None  # highest passing, lowest failing rate
     rate = min(start, cap)
-    while len(probes) < MAX_PROBES:
-        if probes and clock() - began > budget_s:
-            probes[-1]["truncated"] = True
-            break
+    while len(probes) < MAX_PROBES and not out_of_time():
         result = probe(rate)
         probes.append(result)
         if result["passed"]:
@@ -234,26 +275,56 @@ def search_rate(probe: Callable[[float], dict[str, Any]], start: float, cap: flo
             rate /= 2
             if rate < start / 2**HALVINGS:
                 break
-    return best, probes
+    if best is None or confirm_runs <= 0:
+        return best, probes
+    return _confirmed(probe, best, probes, confirm_runs, tolerance_pct, out_of_time), probes
 
 
-def run_search(replicas: Sequence[Call], inf: Any, capacity_qps: float,
+def _confirmed(probe: Callable[..., dict[str, Any]], best: dict[str, Any],
+               probes: list[dict[str, Any]], runs: int, tolerance_pct: float,
+               out_of_time: Callable[[], bool]) -> dict[str, Any] | None:
+    """`best`'s rate on `runs` more arrival sequences; where one fails, a tolerance lower on
+    the search's sequence and then on them all; None where none is confirmed in
+    MAX_CONFIRM_STEPS steps (or the time budget). Appends every probe it runs to `probes`."""
+    shown = best
+    for _ in range(MAX_CONFIRM_STEPS + 1):
+        if shown["passed"]:
+            for k in range(1, runs + 1):
+                if out_of_time():
+                    return None
+                result = probe(shown["rate_qps"], k)
+                result["sequence"] = k
+                probes.append(result)
+                if not result["passed"]:
+                    break
+            else:
+                return shown
+        if out_of_time():
+            return None
+        shown = probe(shown["rate_qps"] / (1 + tolerance_pct / 100))
+        probes.append(shown)
+    return None
+
+
+def run_search(replicas: Sequence[Serve], inf: Any, capacity_qps: float,
                ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """The Server scenario over ready replicas: one fixed rate, or the search."""
     bound_s = inf.latency_bound_ms / 1e3 if inf.latency_bound_ms else None
     tokens_s = inf.token_bounds_s
+    floor = certifiable(inf)
 
-    def probe(rate: float) -> dict[str, Any]:
-        gaps = unit_gaps(inf.seed, query_count(rate, inf.probe_seconds, inf.min_queries))
+    def probe(rate: float, sequence: int = 0) -> dict[str, Any]:
+        gaps = unit_gaps(inf.seed, query_count(rate, inf.probe_seconds, inf.min_queries, floor),
+                         sequence)
         began = time.perf_counter()
         previous = sys.getswitchinterval()
         sys.setswitchinterval(SWITCH_INTERVAL_S)
         try:
-            run = asyncio.run(run_load(replicas, rate, gaps, bound_s, inf.latency_percentile,
-                                       inf.max_batch_queries))
+            run = run_load(replicas, rate, gaps, bound_s, inf.latency_percentile,
+                           inf.max_batch_queries, inf.early_stopping)
         finally:
             sys.setswitchinterval(previous)
-        return {**summarize(run, bound_s, inf.latency_percentile, tokens_s),
+        return {**summarize(run, bound_s, inf.latency_percentile, tokens_s, inf.early_stopping),
                 "wall_s": time.perf_counter() - began, "_run": run}
 
     if inf.rate_qps is not None:
@@ -261,4 +332,4 @@ def run_search(replicas: Sequence[Call], inf: Any, capacity_qps: float,
         return (result if result["passed"] else None), [result]
     cap = inf.rate_max_qps or 1.5 * capacity_qps
     return search_rate(probe, min(0.5 * capacity_qps, cap), cap, inf.rate_tolerance_pct,
-                       inf.search_seconds)
+                       inf.search_seconds, confirm_runs=inf.confirm_runs)

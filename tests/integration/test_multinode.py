@@ -112,7 +112,7 @@ hardware: {num_gpus: 1, cpus_per_worker: 3}
 execution: {logical_gpus: true, start_timeout_s: 60}
 inference: {replicas: 2, samples: 260, project_samples: 13368, accuracy_target: 0.99,
             accuracy_samples: 32, latency_bound_ms: 3000, probe_seconds: 1, min_queries: 40,
-            rate_tolerance_pct: 25}
+            rate_tolerance_pct: 25, early_stopping: false, confirm_runs: 0}
 grid: {scenario: [offline, server]}
 """
 

@@ -84,7 +84,8 @@ def test_loadgen_drives_replica_actors(embedded_ray, tmp_path):
     (trial,) = expand(validate_sweep({**SWEEP, "workload": {
         "name": "fixed_service", "service_ms": 5.0}, "inference": {
         "scenario": "server", "rate_qps": 50.0, "latency_bound_ms": 100.0, "probe_seconds": 1.0,
-        "min_queries": 50, "loadgen": True, "loadgen_seconds": 2.0}}))
+        "min_queries": 50, "loadgen": True, "loadgen_seconds": 2.0,
+        "early_stopping": False}}))  # 50 queries: the percentile alone lets LoadGen run
     out = run_trial(trial, "ray", 60.0, artifacts=str(tmp_path))
     assert out.status == "ok", out.error
     m = out.metrics

@@ -3,7 +3,6 @@ read back, the rows, and what stops it from hanging. Every run here is LoadGen's
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import sys
@@ -30,9 +29,9 @@ class Inference:
 
 
 def sleeper(ms: float, calls: list | None = None):
-    async def call(ks: list[int]) -> dict:
+    def call(ks: list[int]) -> dict:
         began = time.perf_counter()
-        await asyncio.sleep(ms / 1e3)
+        time.sleep(ms / 1e3)
         if calls is not None:
             calls.append(list(ks))
         return {"n": len(ks), "service_s": time.perf_counter() - began}
@@ -76,8 +75,8 @@ def test_a_replica_that_stops_answering_ends_loadgen_s_run_with_an_error(tmp_pat
                                                                          monkeypatch):
     """LoadGen waits for every query with no limit of its own: the watchdog answers them for
     a replica that stopped, LoadGen ends, and the run raises."""
-    async def stuck(ks: list[int]) -> dict:
-        await asyncio.sleep(3600)
+    def stuck(ks: list[int]) -> dict:
+        time.sleep(3600)  # a daemon thread, left behind
         return {}
 
     monkeypatch.setattr(loadgen, "STALL_S", 1.0)
@@ -89,7 +88,7 @@ def test_a_replica_that_stops_answering_ends_loadgen_s_run_with_an_error(tmp_pat
 
 
 def test_a_replica_that_raises_fails_the_run_after_loadgen_ends(tmp_path):
-    async def broken(ks: list[int]) -> dict:
+    def broken(ks: list[int]) -> dict:
         raise ValueError("replica broke")
 
     with pytest.raises(ValueError, match="replica broke"):
@@ -159,7 +158,8 @@ def test_loadgen_s_token_mode_judges_an_engine_of_known_token_times(tmp_path):
     base = {"name": "fixed_tokens", "slots": 4, "prefill_ms": 4.0, "token_ms": 1.0}
     (srv,) = sweep(base, scenario="server", rate_qps=40.0, ttft_bound_ms=500.0,
                    tpot_bound_ms=30.0, input_tokens=16, output_tokens=8, probe_seconds=2.0,
-                   min_queries=80, warmup_batches=1, loadgen=True, loadgen_seconds=2.0)
+                   min_queries=80, warmup_batches=1, loadgen=True, loadgen_seconds=2.0,
+                   early_stopping=False)  # 80 requests: raybench's verdict by the percentile
     out = run_local(srv, str(tmp_path))
     assert out.status == "ok", out.error
     m = out.metrics
@@ -214,7 +214,7 @@ def test_loadgen_and_raybench_measure_the_same_replica_alike(tmp_path):
     median then depends on the queue they build.)"""
     (t,) = sweep({"name": "fixed_service", "service_ms": 5.0}, scenario="server",
                  latency_bound_ms=50.0, rate_qps=40.0, probe_seconds=4.0, min_queries=160,
-                 loadgen=True, loadgen_seconds=4.0)
+                 loadgen=True, loadgen_seconds=4.0, early_stopping=False)
     out = run_local(t, str(tmp_path))
     assert out.status == "ok", out.error
     m = out.metrics

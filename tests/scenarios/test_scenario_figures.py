@@ -60,6 +60,60 @@ def test_arrivals_are_poisson_and_the_same_pattern_at_every_rate():
     assert gaps.std() == pytest.approx(1.0, rel=0.05)  # exponential: std = mean
     assert np.array_equal(gaps[:100], server.unit_gaps(0, 100))
     assert server.query_count(100.0, 2.0, 50) == 200 and server.query_count(10, 2, 50) == 50
+    assert server.query_count(10, 2, 50, floor=459) == 459
+    # the confirmation runs' sequences: other Poisson sequences of the same seed
+    other = server.unit_gaps(0, 20_000, sequence=1)
+    assert not np.array_equal(other[:100], gaps[:100])
+    assert np.array_equal(other[:100], server.unit_gaps(0, 100, sequence=1))
+    assert other.mean() == pytest.approx(1.0, rel=0.03)
+
+
+def limits_probe(limits: dict[int, float], seen: list):
+    """A probe whose arrival sequence k passes every rate up to limits[k]."""
+    def probe(rate, sequence=0):
+        seen.append((round(rate, 3), sequence))
+        return {"rate_qps": rate, "passed": rate <= limits[sequence]}
+    return probe
+
+
+def test_the_rate_found_is_confirmed_on_fresh_sequences_and_lowered_where_one_fails():
+    """The search's own sequence passes up to 40, the next two up to 36 and 38: the search's
+    answer (within 2% below 40) fails the first fresh sequence, so it is lowered by the
+    tolerance (and run on the search's sequence again) until every sequence passes it: the
+    answer is then within one step below the lowest limit, and passes all three."""
+    seen = []
+    best, probes = server.search_rate(limits_probe({0: 40.0, 1: 36.0, 2: 38.0}, seen), 50.0,
+                                      1000.0, 2.0, confirm_runs=2)
+    assert 36.0 / 1.02 <= best["rate_qps"] <= 36.0
+    assert best.get("sequence") is None  # the probe shown is the search's own sequence's
+    confirming = [p for p in probes if p.get("sequence")]
+    assert {p["sequence"] for p in confirming} == {1, 2}
+    at_best = [k for r, k in seen if r == round(best["rate_qps"], 3)]
+    assert at_best == [0, 1, 2]  # the answer passed on all three
+    first = next(i for i, p in enumerate(probes) if p.get("sequence"))
+    steps = sum(1 for p in probes[first:] if not p.get("sequence"))
+    assert steps >= 5  # 40 -> 36 in steps of 2%
+    assert server.rule_columns(trial(scenario="server", latency_bound_ms=30.0).inference,
+                               probes) == {
+        "server/rule": "mlperf", "server/confirm_runs": 2, "server/confirm_steps": steps}
+
+
+def test_an_answer_no_fresh_sequence_confirms_is_not_reported():
+    seen = []
+    best, probes = server.search_rate(limits_probe({0: 40.0, 1: 1.0, 2: 40.0}, seen), 50.0,
+                                      1000.0, 2.0, confirm_runs=2)
+    assert best is None
+    assert sum(1 for r, k in seen if k == 0) <= server.MAX_PROBES + server.MAX_CONFIRM_STEPS
+    # without confirmation the search's answer is its own sequence's
+    best, _ = server.search_rate(limits_probe({0: 40.0}, []), 50.0, 1000.0, 2.0)
+    assert 40.0 / 1.02 <= best["rate_qps"] <= 40.0
+
+
+def test_confirmation_keeps_to_the_search_budget():
+    now = iter(range(0, 1000, 10))  # each probe "takes" 10 s
+    best, probes = server.search_rate(limits_probe({0: 37.0, 1: 37.0}, []), 10, 1000, 1,
+                                      budget_s=55, clock=lambda: next(now), confirm_runs=1)
+    assert best is None and probes[-1]["truncated"] is True
 
 
 def test_latency_summary_counts_unanswered_queries_as_late():
@@ -69,9 +123,12 @@ def test_latency_summary_counts_unanswered_queries_as_late():
     s = server.summarize(run, bound_s=0.050, percentile=99)
     assert s["p50_ms"] == pytest.approx(10.0) and s["p99_ms"] is None  # inf: beyond any bound
     assert s["passed"] is False and s["answered"] == 98
-    ok = server.summarize({**run, "latency_s": lat[:98], "records": recs[:98]}, 0.050, 99)
+    answered = {**run, "latency_s": lat[:98], "records": recs[:98]}
+    ok = server.summarize(answered, 0.050, 99, early_stopping=False)  # the percentile alone
     assert ok["passed"] is True and ok["p99_ms"] == pytest.approx(30.0)
     assert ok["queries_per_call"] == 1.0
+    # MLPerf's rule: 98 queries are too few for early stopping to certify any percentile
+    assert server.summarize(answered, 0.050, 99)["passed"] is False
 
 
 def test_a_batched_call_is_one_call_for_its_queries():

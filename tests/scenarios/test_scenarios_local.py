@@ -46,13 +46,15 @@ def path_latencies(arrivals: np.ndarray, service_s, max_batch: int = 1) -> np.nd
 
 
 def path_limit(gaps: np.ndarray, service_s, bound_s: float, pct: float,
-               max_batch: int = 1) -> float:
+               max_batch: int = 1, rule: str = "percentile") -> float:
     """The highest rate at which this arrival sequence's latencies in that queue keep their
-    percentile (at LoadGen's rank) under the bound, by bisection: latencies only grow with
-    the rate."""
+    percentile (at LoadGen's rank) under the bound (rule "mlperf": and early stopping
+    certifies it), by bisection: latencies only grow with the rate."""
+    key = "passed" if rule == "mlperf" else "within_bound"
+
     def passes(rate: float) -> bool:
         lat = path_latencies(np.cumsum(gaps) / rate, service_s, max_batch)
-        return bool(mlperf.verdict(lat, bound_s, pct, 0.0)["within_bound"])
+        return bool(mlperf.verdict(lat, bound_s, pct, 0.0)[key])
 
     lo, hi = 0.01, max_batch / service_s(max_batch)
     for _ in range(50):
@@ -64,19 +66,20 @@ def path_limit(gaps: np.ndarray, service_s, bound_s: float, pct: float,
 
 def search_with_one_more_after_a_stall(trial, known_of, low: float = 0.80):
     """The Server search of `trial`, once more if its first answer fell short of the known
-    limit because a probe below that limit stopped early (more than 1% of its queries late, no
-    percentile kept). A stall of the VM of tens of milliseconds does that: in CI on 2026-11-24
-    probes at 68 and 96 queries/s stopped early with the limit at 110 and the search settled at
-    67 while this test took 4x its usual time. Any other shortfall gets no second search."""
+    limit because a probe below that limit stopped early (more late queries than the rule
+    allows, no percentile kept). A stall of the VM of tens of milliseconds does that: in CI on
+    2026-11-24 probes at 68 and 96 queries/s stopped early with the limit at 110 and the search
+    settled at 67 while this test took 4x its usual time; by MLPerf's rule at 459 queries one
+    late query is enough. Any other shortfall gets no second search."""
     out = run_trial(trial, "local")
     if out.status != "ok":
         return out
     known = known_of(out.metrics)
-    if out.metrics["server/rate_qps"] >= known * low:
+    if (out.metrics["server/rate_qps"] or 0.0) >= known * low:
         return out
     probes = json.loads(out.metrics["server/search"])
-    if any(p["passed"] is False and p["p99_ms"] is None and p["rate_qps"] < known
-           for p in probes):
+    at = f"p{trial.inference.latency_percentile:g}_ms"
+    if any(p["passed"] is False and p[at] is None and p["rate_qps"] < known for p in probes):
         print("a probe below the known limit stopped early (a stall): searching again", probes)
         out = run_trial(trial, "local")
     return out
@@ -84,17 +87,24 @@ def search_with_one_more_after_a_stall(trial, known_of, low: float = 0.80):
 
 @pytest.mark.serial  # rates and latencies against a known service time: alone
 def test_server_search_finds_the_known_limit_of_a_fixed_service_time():
-    """One replica taking 5 ms per query, p99 bound 25 ms, 400 Poisson queries per rate. The
-    known limit: the rate at which a FIFO queue with that service time, fed the same arrival
-    sequence, has its p99 latency (LoadGen's rank: the 397th of 400) cross 25 ms (114-117
-    queries/s for 5.0-5.1 ms; the M/D/1 closed form gives 112 queries/s for an infinite run)."""
-    (t,) = sweep({"name": "fixed_service", "service_ms": 5.0}, scenario="server",
-                 latency_bound_ms=25.0, probe_seconds=0.1, min_queries=400,
-                 rate_tolerance_pct=2.0)
+    """One replica taking 2 ms per query, p95 bound 10 ms, by MLPerf's rule: a rate passes
+    where its p95 (LoadGen's rank) is under the bound and early stopping certifies it (of 300
+    queries, at most 6 late), and the rate found must pass two fresh arrival sequences too.
+    The known limit: the lowest over the three sequences of the rate at which a FIFO queue of
+    that service time, fed that sequence, passes the same rule, for the call time this run
+    measured on the dispatcher's clock; it cannot pass the limit of the fastest queue the
+    replica can be (its sleeps only overshoot). At p99 the shortest certifiable run (459
+    queries) allows none late, and one stall of this VM fails a rate: the rule's p99 case is
+    shown on an exact queue (tests/scenarios/test_mlperf_rules.py) and on a token engine
+    (tests/scenarios/test_llm_serving.py)."""
+    (t,) = sweep({"name": "fixed_service", "service_ms": 2.0}, scenario="server",
+                 latency_bound_ms=10.0, latency_percentile=95.0, probe_seconds=0.1,
+                 min_queries=300, rate_tolerance_pct=5.0)
 
-    def known_of(m):  # for the service time the run measured
-        return path_limit(server.unit_gaps(0, 400),
-                          lambda n: m["server/service_mean_ms"] / 1e3, 0.025, 99.0)
+    def known_of(m, service_ms: float | None = None):
+        service = (service_ms or m["server/service_mean_ms"] + m["server/call_overhead_ms"])
+        return min(path_limit(server.unit_gaps(0, 300, k), lambda _: service / 1e3, 0.010, 95.0,
+                              rule="mlperf") for k in range(3))
 
     out = search_with_one_more_after_a_stall(t, known_of)
     assert out.status == "ok", out.error
@@ -102,25 +112,28 @@ def test_server_search_finds_the_known_limit_of_a_fixed_service_time():
     service_ms = m["server/service_mean_ms"]
     # The replica's time is what was asked. Its sleep only overshoots: by ~0.1 ms on an idle
     # 2-core VM, 0.32 ms in a CI run where every test took 1.8x its usual time.
-    assert 5.0 <= service_ms <= 5.5
-    known = path_limit(server.unit_gaps(0, 400), lambda n: service_ms / 1e3,
-                       0.025, 99.0)
+    assert 2.0 <= service_ms <= 2.5
+    known, fastest = known_of(m), known_of(m, 2.0)
     found = m["server/rate_qps"]
-    print({"found": found, "known": known, "service_ms": service_ms,
-           "probes": json.loads(m["server/search"])})
-    # Found 0.87-0.96 x known over eleven runs on 2-core VMs: the dispatch hand-offs add
-    # ~0.5 ms to every latency, more on a busy machine. Such overheads can only lower the rate
-    # found, never raise it past the queue's own limit. Latency taken from dispatch rather than
-    # from the scheduled arrival, or arrivals that are not Poisson, would land far outside.
-    assert known * 0.80 <= found <= known * 1.05
-    assert m["server/p99_ms"] <= 25.0 and m["server/met_bound"] is True
-    # what the row says of MLPerf's verdict on the rate shown: 400 queries are too few for
-    # early stopping to certify any (459 with none late), and far from MLPerf's 600 s
-    assert m["server/early_stopping"] == "latency not met" and m["server/queries"] == 400
-    assert m["server/queries_needed"] == mlperf.queries_needed(m["server/late"], 99.0) >= 459
-    assert m["server/mlperf_min_duration_met"] is False and m["server/run_s"] < 600
     probes = json.loads(m["server/search"])
-    assert any(p["passed"] is False and p["rate_qps"] <= known * 1.12 for p in probes)
+    print({"found": found, "known": known, "fastest": fastest, "service_ms": service_ms,
+           "probes": probes,
+           **{k: v for k, v in m.items() if k.startswith(("server/dispatch", "server/call"))}})
+    # Latency taken from dispatch rather than from the scheduled arrival, or arrivals that are
+    # not Poisson, land above `fastest`; a dispatcher slow to hand calls over, far below.
+    assert known * 0.8 <= found <= fastest * 1.03
+    # the dispatcher's own cost, stated in the row: a hand-off well under a call, a call's
+    # time beyond the replica's own a small part of it
+    assert 0 <= m["server/dispatch_delay_p50_ms"] < 1.0
+    assert 0 <= m["server/call_overhead_ms"] < 0.5
+    assert m["server/p95_ms"] <= 10.0 and m["server/met_bound"] is True
+    # what the row says of MLPerf's verdict on the rate shown
+    assert m["server/early_stopping"] == "latency met"
+    assert m["server/late"] <= mlperf.allowed_late(300, 95.0) == 6
+    assert m["server/queries"] == 300 and m["server/mlperf_min_duration_met"] is False
+    assert m["server/rule"] == "mlperf" and m["server/confirm_runs"] == 2
+    assert sorted(p["sequence"] for p in probes if p["rate_qps"] == round(found, 4)) == [0, 1, 2]
+    assert any(p["passed"] is False and p["rate_qps"] <= fastest * 1.12 for p in probes)
 
 
 @pytest.mark.serial  # rates and latencies against a known service time: alone
@@ -130,7 +143,8 @@ def test_server_dynamic_batching_finds_the_known_limit_of_a_batching_queue():
     query a call could not go past 1 / 11 ms = 91 queries/s."""
     (t,) = sweep({"name": "fixed_service", "service_ms": 10.0, "per_sample_ms": 1.0},
                  scenario="server", latency_bound_ms=50.0, probe_seconds=0.1, min_queries=600,
-                 rate_tolerance_pct=5.0, max_batch_queries=8)
+                 rate_tolerance_pct=5.0, max_batch_queries=8,
+                 early_stopping=False, confirm_runs=0)  # the percentile alone: its limit
     known = path_limit(server.unit_gaps(0, 600), lambda n: (10.0 + n) / 1e3,
                        0.050, 99.0, 8)
     out = search_with_one_more_after_a_stall(t, lambda m: known)
@@ -209,7 +223,7 @@ def test_language_model_offline_and_server_figures():
     assert weights <= m["perf/gflops_per_sample"] * 1e9 <= 1.25 * weights
     assert m["infer/prefill_tokens_per_s"] > m["infer/decode_tokens_per_s"] > 0
     (srv,) = sweep(lm, scenario="server", rate_qps=20.0, latency_bound_ms=1000.0,
-                   probe_seconds=1.0, min_queries=20)
+                   probe_seconds=1.0, min_queries=20, early_stopping=False)
     out = run_trial(srv, "local")
     m = out.metrics
     assert out.status == "ok" and m["server/rate_qps"] == 20.0 and m["server/queries"] == 20
@@ -223,7 +237,8 @@ def test_bench_run_writes_inference_rows_and_a_report(tmp_path, capsys):
     code = bench.main(["run", str(ROOT / "sweeps" / "inference_cpu.yaml"), "--output", str(out),
                        "--set", "inference.samples=64", "--set", "inference.probe_seconds=1",
                        "--set", "inference.min_queries=40", "--set", "inference.rate_qps=20",
-                       "--set", "inference.latency_bound_ms=400"])
+                       "--set", "inference.latency_bound_ms=400",
+                       "--set", "inference.early_stopping=false"])  # 40 queries: no MLPerf run
     assert code == 0, capsys.readouterr().out[-2000:]
     df = pd.read_parquet(out / "results.parquet")
     assert list(df["inference.scenario"]) == ["offline", "offline", "server", "server"]

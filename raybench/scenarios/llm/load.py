@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from raybench.scenarios import mlperf
+from raybench.scenarios import dispatch, mlperf
 from raybench.scenarios.server import SWITCH_INTERVAL_S
 
 WATCH_S = 0.02  # how often a Server probe counts its late first tokens
@@ -56,8 +56,9 @@ class Load:
     prompt: Callable[[int, int], list[int]]  # request k's prompt of n tokens
     arrivals: np.ndarray | None = None
     users: int | None = None
-    ttft_bound_s: float | None = None  # a Server probe stops once its TTFT percentile fails
+    ttft_bound_s: float | None = None  # a Server probe stops once its TTFT cannot pass
     percentile: float = 99.0
+    early_stopping: bool = True  # the rule it must pass (mlperf.late_allowed)
     tag: str = "r"
 
 
@@ -174,6 +175,7 @@ async def run(replicas: Sequence[Replica], load: Load) -> dict[str, Any]:
             # A thread, not a coroutine: the event loop's timers wake up to 1 ms late (epoll's
             # millisecond timeout), which would show as time to first token; time.sleep is
             # finer (scenarios/server.py does the same)
+            dispatch.fine_timers()
             for k, at in enumerate(arrivals):
                 delay = t0 + at - time.monotonic()
                 if delay > 0 and halt.wait(delay):
@@ -187,7 +189,7 @@ async def run(replicas: Sequence[Replica], load: Load) -> dict[str, Any]:
 
     stopped = False
     if load.ttft_bound_s is not None:
-        allowed = load.count - 1 - mlperf.rank(load.count, load.percentile)
+        allowed = mlperf.stop_after(load.count, load.percentile, load.early_stopping)
         while not (sender is None or sender.done()) or running:
             await asyncio.sleep(WATCH_S)
             now = time.monotonic()

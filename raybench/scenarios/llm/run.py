@@ -206,20 +206,22 @@ def _server(trial: TrialSpec, capacity: float, go: Any, prompt: Any
     ttft, tpot = inf.token_bounds_s
     count = [0]
 
-    def probe(rate: float) -> dict[str, Any]:
+    floor = server.certifiable(inf)
+
+    def probe(rate: float, sequence: int = 0) -> dict[str, Any]:
         count[0] += 1
-        gaps = server.unit_gaps(inf.seed, server.query_count(rate, inf.probe_seconds,
-                                                             inf.min_queries))
+        n = server.query_count(rate, inf.probe_seconds, inf.min_queries, floor)
+        gaps = server.unit_gaps(inf.seed, n, sequence)
         spec = load.Load(len(gaps), lengths.requests(inf, len(gaps)), prompt,
                          arrivals=np.cumsum(gaps) / rate, ttft_bound_s=ttft,
-                         percentile=inf.latency_percentile, tag=f"p{count[0]}")
+                         percentile=inf.latency_percentile, early_stopping=inf.early_stopping,
+                         tag=f"p{count[0]}")
         run, windows = go(spec)
         verdicts = figures.verdicts(run["records"], inf.latency_percentile, ttft, tpot,
                                     run["run_s"])
         return {"rate_qps": rate, "queries": len(gaps), "run_s": run["run_s"],
                 "mlperf": verdicts, "stopped_early": run["stopped_early"],
-                "passed": not run["stopped_early"] and all(
-                    v["within_bound"] for v in verdicts.values()),
+                "passed": server.passes(verdicts, run["stopped_early"], inf.early_stopping),
                 "_run": run, "_windows": windows}
 
     if inf.rate_qps is not None:
@@ -228,7 +230,8 @@ def _server(trial: TrialSpec, capacity: float, go: Any, prompt: Any
     else:
         cap = inf.rate_max_qps or 1.5 * capacity
         best, probes = server.search_rate(probe, min(0.5 * capacity, cap), cap,
-                                          inf.rate_tolerance_pct, inf.search_seconds)
+                                          inf.rate_tolerance_pct, inf.search_seconds,
+                                          confirm_runs=inf.confirm_runs)
     shown = best or probes[-1]
     return (shown["_run"], shown["_windows"],
             _server_columns(trial, best, probes, shown, capacity))
@@ -260,11 +263,12 @@ def _server_columns(trial: TrialSpec, best: dict[str, Any] | None,
         "server/search": json.dumps([
             {"rate_qps": round(p["rate_qps"], 4), "passed": p["passed"],
              "queries": p["queries"], "stopped_early": p["stopped_early"],
+             "sequence": p.get("sequence", 0),
              **{f"{k}_p{inf.latency_percentile:g}_ms": None if v["percentile_s"] == np.inf
                 else round(v["percentile_s"] * 1e3, 3) for k, v in p["mlperf"].items()},
              "early_stopping": {k: v["early_stopping"] for k, v in p["mlperf"].items()}}
             for p in probes]),
-        **mlperf.columns(shown),
+        **mlperf.columns(shown), **server.rule_columns(inf, probes),
     }
 
 
