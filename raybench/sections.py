@@ -306,14 +306,19 @@ class InferenceSpec(Strict):
     rate_tolerance_pct: float = Field(
         5.0, gt=0, description="server: the search stops when its bracket is this narrow")
     early_stopping: bool = Field(
-        True, description="server: MLPerf's rule: a rate passes only where LoadGen's early "
-        "stopping certifies each percentile judged (so a search probe sends at least the "
-        "queries that can: 459 at p99); false: the percentile alone, for quick looks with "
-        "short probes (the row says which rule)")
+        True, description="server: MLPerf's rule decides the rate: the search brackets it by "
+        "the percentile on probe_seconds probes, then it must pass runs of certify_seconds in "
+        "which LoadGen's early stopping certifies each percentile judged, on the search's "
+        "arrival sequence and confirm_runs fresh ones, a rate_tolerance_pct lower wherever one "
+        "fails; a fixed rate_qps run is judged by the same rule. false: the percentile alone, "
+        "for quick looks (the row says which rule)")
+    certify_seconds: float = Field(
+        60.0, gt=0, description="server: the length of each certifying run, at least the "
+        "queries early stopping can certify (459 at p99): the longer, the nearer the rate to "
+        "what MLPerf's own 600 s run certifies, and the less one burst of arrivals decides it")
     confirm_runs: int = Field(
-        2, ge=0, description="server: fresh arrival sequences the rate found must also pass, "
-        "a rate_tolerance_pct lower where one fails: on one sequence the limit is partly that "
-        "sequence's luck; 0: the search's answer as it is")
+        2, ge=0, description="server: fresh arrival sequences the rate found must also pass; "
+        "0: the search's own sequence alone")
     accuracy_target: float | None = Field(
         None, ge=0, le=1, description="agreement with an fp32 reference pass on the same "
         "inputs below which the run is invalid (top-1 for classifiers, per pixel for tiles, "

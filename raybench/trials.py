@@ -81,11 +81,13 @@ KEY_NEUTRAL: dict[str, dict[str, Any]] = {
     "inference": {"cuda_graphs": False, "ttft_bound_ms": None, "tpot_bound_ms": None,
                   "input_tokens": None, "output_tokens": None, "concurrency": None,
                   "limits": None, "lengths_file": None, "loadgen": False,
-                  "loadgen_seconds": 600.0, "early_stopping": False, "confirm_runs": 0},
+                  "loadgen_seconds": 600.0, "early_stopping": False, "confirm_runs": 0,
+                  "certify_seconds": 60.0},
 }
 # Fields that join an inference trial's key only in the scenario they act in (added after
 # keys were first recorded): another scenario's rows keep the keys they had.
-SCENARIO_ONLY = {"early_stopping": "server", "confirm_runs": "server"}
+SCENARIO_ONLY = {"early_stopping": "server", "confirm_runs": "server",
+                 "certify_seconds": "server"}
 _MISSING = object()
 
 

@@ -79,10 +79,20 @@ def validity(row: dict[str, Any], t: Thresholds = Thresholds()) -> list[str]:
                        if _num(acc) else f"{metric} not measured")
     if row.get("server/met_bound") is False:
         bound = row.get("server/latency_bound_ms")
-        reasons.append(f"no rate kept p{row.get('server/latency_percentile'):g} latency under "
-                       f"{bound:g} ms" if _num(bound) else "no rate met the token bounds "
-                       "(server/ttft_bound_ms, server/tpot_bound_ms)")
+        reason = (f"no rate kept p{row.get('server/latency_percentile'):g} latency under "
+                  f"{bound:g} ms" if _num(bound) else "no rate met the token bounds "
+                  "(server/ttft_bound_ms, server/tpot_bound_ms)")
+        if row.get("server/rule") == "mlperf":  # rows before the rule was required say none
+            # a short run may keep its percentile and still fail: too few queries to certify
+            reason += (f" by MLPerf's rule (early stopping: {row.get('server/early_stopping')};"
+                       f" {_count(row.get('server/queries_needed'))} queries needed, "
+                       f"{_count(row.get('server/queries'))} sent)")
+        reasons.append(reason)
     return reasons
+
+
+def _count(value: Any) -> str:
+    return f"{int(value):,}" if _num(value) else "?"
 
 
 def notes(row: dict[str, Any]) -> list[str]:

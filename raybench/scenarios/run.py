@@ -67,7 +67,9 @@ declare(
     Metric("server/confirm_runs", "count", "fresh arrival sequences the rate found had to "
            "pass too (inference.confirm_runs)"),
     Metric("server/confirm_steps", "count", "times the search's answer was lowered by its "
-           "tolerance because a fresh arrival sequence failed it"),
+           "tolerance because a certifying or confirming run failed it"),
+    Metric("server/certify_s", "s", "the length of each run that certified the rate by "
+           "MLPerf's rule (inference.certify_seconds)"),
 )
 
 
@@ -155,6 +157,7 @@ def server_outcome(trial: TrialSpec, best: dict[str, Any] | None, probes: list[d
         {"rate_qps": round(p["rate_qps"], 4), f"p{inf.latency_percentile:g}_ms":
          p.get(f"p{inf.latency_percentile:g}_ms"), "passed": p["passed"],
          "queries": p["queries"], "sequence": p.get("sequence", 0),
+         "confirming": p.get("confirming", False),
          "early_stopping": {k: v.get("early_stopping") for k, v in
                             p.get("mlperf", {}).items()}}
         for p in probes])

@@ -2,18 +2,19 @@
 
 Owns the arrival schedule (a seeded unit-rate Exponential sequence scaled by 1/rate, so every
 probed rate replays the same arrival pattern and the latency percentile grows monotonically
-with the rate, as in a single queue it must), the dispatcher (queries wait in one FIFO queue
-and go to whichever replica is free: the least-loaded routing a serving front end does), the
-latency figures, and the search for the highest rate that passes MLPerf's rule (scenarios/
-mlperf.py): each bound set (the latency; time to first token and per output token) under its
-percentile at LoadGen's rank, with LoadGen's early stopping certifying it, so a search probe
-sends at least the 459 queries that can certify p99. The rate found is then confirmed on
-fresh arrival sequences, stepping down where one fails, as a submitter confirms before a
-run: on one sequence the limit is that sequence's luck (two M/D/1 sequences' limits differ
-by a tenth at 2,000 queries, docs/journal/2026-12.md). `early_stopping: false` judges the
-percentile alone, for quick looks. Latency runs from a query's scheduled arrival, so a
-generator that falls behind cannot hide queueing. Replicas are plain blocking calls, each
-served by a thread of its own (dispatch.py): of a Ray actor, or of a replica in this process.
+with the rate, as in a single queue it must), the latency figures, and the search for the
+highest rate that passes MLPerf's rule (scenarios/mlperf.py): each bound set (the latency;
+time to first token and per output token) under its percentile at LoadGen's rank, with
+LoadGen's early stopping certifying it. The search brackets the rate by the percentile on
+short probes (probe_seconds), then certifies it on longer runs (certify_seconds, at least the
+459 queries that can certify p99) on its own arrival sequence and on fresh ones, a tolerance
+lower wherever one fails, as a submitter confirms before a run: at the shortest certifiable
+run none may be late and a sequence's worst burst decides (a 10 ms replica's 30 ms bound:
+8.5, 29.5 and 28.1 queries/s on three sequences of 459, docs/journal/2026-12.md); the
+longer the run, the nearer its rate to what MLPerf's 600 s run certifies.
+`early_stopping: false` judges the percentile alone, for quick looks. The queue in front of
+the replicas is dispatch.py's. Latency runs from a query's scheduled arrival, so a generator
+that falls behind cannot hide queueing.
 """
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ from raybench.scenarios import dispatch, mlperf
 from raybench.scenarios.dispatch import Serve
 
 MAX_PROBES = 16
-# Step-downs of the rate found, by the search's tolerance, while a fresh arrival sequence fails
-# it; a rate still unconfirmed after them is not reported.
-MAX_CONFIRM_STEPS = 6
+# Rates tried below the search's answer while a certifying or confirming run fails it (down by
+# 1, 2, 4, 8 tolerance steps, then bisected); an answer still unconfirmed after them is not
+# reported.
+MAX_CONFIRM_STEPS = 8
 # Below start / 2**HALVINGS the bound is out of reach: each halving doubles a probe's length
 # (a probe sends at least min_queries), so going lower costs minutes and says nothing new.
 HALVINGS = 5
@@ -55,13 +57,14 @@ def query_count(rate: float, seconds: float, min_queries: int, floor: int = 0) -
     return max(min_queries, floor, math.ceil(rate * seconds))
 
 
-def certifiable(inf: Any) -> int:
-    """The fewest queries a search probe sends under MLPerf's rule: the fewest that early
-    stopping can certify at the trial's percentile (459 at p99, none late); 0 for the
-    percentile alone. A fixed-rate run (rate_qps) sends what the sweep asks and is judged."""
-    if not inf.early_stopping or inf.rate_qps is not None:
-        return 0
-    return mlperf.queries_needed(0, inf.latency_percentile)
+def probe_length(inf: Any, certify: bool) -> tuple[float, int]:
+    """The seconds of queries a run sends and its fewest queries beyond min_queries: a
+    certifying run certify_seconds, and at least what early stopping can certify at the
+    trial's percentile (459 at p99, none late); a search probe (or a fixed-rate run)
+    probe_seconds."""
+    if certify:
+        return inf.certify_seconds, mlperf.queries_needed(0, inf.latency_percentile)
+    return inf.probe_seconds, 0
 
 
 def run_load(replicas: Sequence[Serve], rate: float, gaps: np.ndarray,
@@ -213,14 +216,16 @@ def _token_figures(run: dict[str, Any], percentile: float,
 
 
 def rule_columns(inf: Any, probes: list[dict[str, Any]]) -> dict[str, Any]:
-    """What a Server row states of the rule its rate passed and its confirmation: the step-
-    downs are the search-sequence probes after the first confirming one."""
-    first = next((i for i, p in enumerate(probes) if p.get("sequence")), len(probes))
+    """What a Server row states of the rule its rate passed and its confirmation: each
+    step-down is a confirming run on the search's own sequence after the first (with
+    certification) or after the search (without)."""
     searching = inf.rate_qps is None
+    own = sum(1 for p in probes if p.get("confirming") and not p.get("sequence"))
     return {"server/rule": "mlperf" if inf.early_stopping else "percentile",
             "server/confirm_runs": inf.confirm_runs if searching else 0,
-            "server/confirm_steps": sum(1 for p in probes[first:] if not p.get("sequence"))
-            if searching else 0}
+            "server/certify_s": inf.certify_seconds if searching and inf.early_stopping
+            else None,
+            "server/confirm_steps": max(0, own - bool(inf.early_stopping)) if searching else 0}
 
 
 def distinct_calls(records: Sequence[dict[str, Any] | None]) -> list[dict[str, Any]]:
@@ -235,15 +240,17 @@ def _ms(seconds: float) -> float | None:
 def search_rate(probe: Callable[..., dict[str, Any]], start: float, cap: float,
                 tolerance_pct: float, budget_s: float = math.inf,
                 clock: Callable[[], float] = time.monotonic, confirm_runs: int = 0,
-                ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+                certify: bool = False) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """Highest passing rate: double from `start` (halve if it fails) until the verdict changes,
-    then bisect until the bracket is within `tolerance_pct`; then confirm it on `confirm_runs`
-    fresh arrival sequences (`probe(rate, k)`, k = 1, 2, ...; the search's own is
-    `probe(rate)`), a tolerance lower where one fails (and there on the search's sequence
-    too). Returns the best passing probe on the search's sequence (None: even the lowest rate
-    tried failed, or no rate was confirmed) and every probe in order, each confirming one
-    marked with its `sequence`; no new probe starts after `budget_s` (the last probe then says
-    `truncated`). Pure over `probe` and `clock`."""
+    then bisect until the bracket is within `tolerance_pct` (`probe(rate)`). Then, with
+    `certify`, the rate found must pass a certifying run (`probe(rate, k, certify=True)`) on
+    the search's arrival sequence (k = 0) and on `confirm_runs` fresh ones (k = 1, 2, ...);
+    without, the search's own probe stands for k = 0 and the fresh sequences are probed as the
+    search's were. Wherever one fails the rate goes a tolerance lower and all are run again.
+    Returns the probe shown for the answer (the search's sequence's; None: even the lowest
+    rate tried failed, or no rate was confirmed) and every probe in order, each confirming
+    one marked with its `sequence`; no new probe starts after `budget_s` (the last probe then
+    says `truncated`). Pure over `probe` and `clock`."""
     began = clock()
     probes: list[dict[str, Any]] = []
 
@@ -275,61 +282,102 @@ def search_rate(probe: Callable[..., dict[str, Any]], start: float, cap: float,
             rate /= 2
             if rate < start / 2**HALVINGS:
                 break
-    if best is None or confirm_runs <= 0:
+    if best is None or (confirm_runs <= 0 and not certify):
         return best, probes
-    return _confirmed(probe, best, probes, confirm_runs, tolerance_pct, out_of_time), probes
+    confirm = _Confirm(probe, probes, confirm_runs, tolerance_pct, out_of_time, certify)
+    return confirm.run(best), probes
 
 
-def _confirmed(probe: Callable[..., dict[str, Any]], best: dict[str, Any],
-               probes: list[dict[str, Any]], runs: int, tolerance_pct: float,
-               out_of_time: Callable[[], bool]) -> dict[str, Any] | None:
-    """`best`'s rate on `runs` more arrival sequences; where one fails, a tolerance lower on
-    the search's sequence and then on them all; None where none is confirmed in
-    MAX_CONFIRM_STEPS steps (or the time budget). Appends every probe it runs to `probes`."""
-    shown = best
-    for _ in range(MAX_CONFIRM_STEPS + 1):
-        if shown["passed"]:
-            for k in range(1, runs + 1):
-                if out_of_time():
-                    return None
-                result = probe(shown["rate_qps"], k)
-                result["sequence"] = k
-                probes.append(result)
-                if not result["passed"]:
-                    break
+class _Confirm:
+    """The search's answer on the arrival sequences that confirm it (search_rate): the
+    highest rate at most the answer that passes on every sequence, as every sequence's
+    verdict only worsens with the rate. Down from the answer by 1, 2, 4, ... tolerance steps
+    until one passes, then bisected to the tolerance; the sequence that failed last is run
+    first at the next rate. At most MAX_CONFIRM_STEPS rates, within the time budget; every
+    probe it runs appended to `probes`."""
+
+    def __init__(self, probe: Callable[..., dict[str, Any]], probes: list[dict[str, Any]],
+                 runs: int, tolerance_pct: float, out_of_time: Callable[[], bool],
+                 certify: bool):
+        self.probe, self.probes, self.runs = probe, probes, runs
+        self.step, self.out_of_time, self.certify = 1 + tolerance_pct / 100, out_of_time, certify
+        self.order = list(range(runs + 1))
+
+    def _one(self, rate: float, sequence: int) -> dict[str, Any]:
+        result = (self.probe(rate, sequence, certify=True) if self.certify
+                  else self.probe(rate, sequence) if sequence else self.probe(rate))
+        result["sequence"] = sequence
+        result["confirming"] = True
+        self.probes.append(result)
+        return result
+
+    def _passes_all(self, rate: float, best: dict[str, Any]) -> dict[str, Any] | bool | None:
+        """The search's sequence's probe where every sequence passes `rate`; False where one
+        fails; None where the time budget ended first."""
+        shown = None if self.certify or rate != best["rate_qps"] else best
+        for k in self.order:
+            if k == 0 and shown is not None:
+                continue
+            if self.out_of_time():
+                return None
+            result = self._one(rate, k)
+            if not result["passed"]:
+                self.order.remove(k)
+                self.order.insert(0, k)
+                return False
+            if k == 0:
+                shown = result
+        return shown
+
+    def run(self, best: dict[str, Any]) -> dict[str, Any] | None:
+        rate, jump = best["rate_qps"], 1
+        passing: tuple[float, dict[str, Any]] | None = None
+        failing: float | None = None
+        for _ in range(MAX_CONFIRM_STEPS):
+            shown = self._passes_all(rate, best)
+            if shown is None:
+                break
+            if shown is False:
+                failing = rate
             else:
-                return shown
-        if out_of_time():
-            return None
-        shown = probe(shown["rate_qps"] / (1 + tolerance_pct / 100))
-        probes.append(shown)
-    return None
+                passing = (rate, shown)
+            if passing and (failing is None or failing / passing[0] <= self.step):
+                break
+            if passing is None:
+                rate, jump = rate / self.step**jump, jump * 2
+            else:
+                rate = math.sqrt(passing[0] * failing)
+        return passing[1] if passing else None
 
 
 def run_search(replicas: Sequence[Serve], inf: Any, capacity_qps: float,
                ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
-    """The Server scenario over ready replicas: one fixed rate, or the search."""
+    """The Server scenario over ready replicas: one fixed rate judged by the trial's rule, or
+    the search (by the percentile on probe_seconds probes; with early_stopping, then certified
+    by MLPerf's rule on certify_seconds runs)."""
     bound_s = inf.latency_bound_ms / 1e3 if inf.latency_bound_ms else None
     tokens_s = inf.token_bounds_s
-    floor = certifiable(inf)
+    pct = inf.latency_percentile
 
-    def probe(rate: float, sequence: int = 0) -> dict[str, Any]:
-        gaps = unit_gaps(inf.seed, query_count(rate, inf.probe_seconds, inf.min_queries, floor),
-                         sequence)
+    def probe(rate: float, sequence: int = 0, certify: bool = False,
+              rule: bool = False) -> dict[str, Any]:
+        seconds, floor = probe_length(inf, certify)
+        gaps = unit_gaps(inf.seed, query_count(rate, seconds, inf.min_queries, floor), sequence)
         began = time.perf_counter()
         previous = sys.getswitchinterval()
         sys.setswitchinterval(SWITCH_INTERVAL_S)
         try:
-            run = run_load(replicas, rate, gaps, bound_s, inf.latency_percentile,
-                           inf.max_batch_queries, inf.early_stopping)
+            run = run_load(replicas, rate, gaps, bound_s, pct, inf.max_batch_queries,
+                           certify or rule)
         finally:
             sys.setswitchinterval(previous)
-        return {**summarize(run, bound_s, inf.latency_percentile, tokens_s, inf.early_stopping),
+        return {**summarize(run, bound_s, pct, tokens_s, certify or rule),
                 "wall_s": time.perf_counter() - began, "_run": run}
 
     if inf.rate_qps is not None:
-        result = probe(inf.rate_qps)
+        result = probe(inf.rate_qps, rule=inf.early_stopping)
         return (result if result["passed"] else None), [result]
     cap = inf.rate_max_qps or 1.5 * capacity_qps
     return search_rate(probe, min(0.5 * capacity_qps, cap), cap, inf.rate_tolerance_pct,
-                       inf.search_seconds, confirm_runs=inf.confirm_runs)
+                       inf.search_seconds, confirm_runs=inf.confirm_runs,
+                       certify=inf.early_stopping)

@@ -206,32 +206,35 @@ def _server(trial: TrialSpec, capacity: float, go: Any, prompt: Any
     ttft, tpot = inf.token_bounds_s
     count = [0]
 
-    floor = server.certifiable(inf)
-
-    def probe(rate: float, sequence: int = 0) -> dict[str, Any]:
+    def probe(rate: float, sequence: int = 0, certify: bool = False,
+              rule: bool = False) -> dict[str, Any]:
+        # a search probe judged by the percentile; a certifying run (or, with `rule`, a
+        # fixed-rate run) by MLPerf's rule (scenarios/server.py)
         count[0] += 1
-        n = server.query_count(rate, inf.probe_seconds, inf.min_queries, floor)
+        seconds, floor = server.probe_length(inf, certify)
+        n = server.query_count(rate, seconds, inf.min_queries, floor)
         gaps = server.unit_gaps(inf.seed, n, sequence)
         spec = load.Load(len(gaps), lengths.requests(inf, len(gaps)), prompt,
                          arrivals=np.cumsum(gaps) / rate, ttft_bound_s=ttft,
-                         percentile=inf.latency_percentile, early_stopping=inf.early_stopping,
+                         percentile=inf.latency_percentile, early_stopping=certify or rule,
                          tag=f"p{count[0]}")
         run, windows = go(spec)
         verdicts = figures.verdicts(run["records"], inf.latency_percentile, ttft, tpot,
                                     run["run_s"])
         return {"rate_qps": rate, "queries": len(gaps), "run_s": run["run_s"],
                 "mlperf": verdicts, "stopped_early": run["stopped_early"],
-                "passed": server.passes(verdicts, run["stopped_early"], inf.early_stopping),
+                "passed": server.passes(verdicts, run["stopped_early"], certify or rule),
                 "_run": run, "_windows": windows}
 
     if inf.rate_qps is not None:
-        result = probe(inf.rate_qps)
+        result = probe(inf.rate_qps, rule=inf.early_stopping)
         best, probes = (result if result["passed"] else None), [result]
     else:
         cap = inf.rate_max_qps or 1.5 * capacity
         best, probes = server.search_rate(probe, min(0.5 * capacity, cap), cap,
                                           inf.rate_tolerance_pct, inf.search_seconds,
-                                          confirm_runs=inf.confirm_runs)
+                                          confirm_runs=inf.confirm_runs,
+                                          certify=inf.early_stopping)
     shown = best or probes[-1]
     return (shown["_run"], shown["_windows"],
             _server_columns(trial, best, probes, shown, capacity))
@@ -263,7 +266,7 @@ def _server_columns(trial: TrialSpec, best: dict[str, Any] | None,
         "server/search": json.dumps([
             {"rate_qps": round(p["rate_qps"], 4), "passed": p["passed"],
              "queries": p["queries"], "stopped_early": p["stopped_early"],
-             "sequence": p.get("sequence", 0),
+             "sequence": p.get("sequence", 0), "confirming": p.get("confirming", False),
              **{f"{k}_p{inf.latency_percentile:g}_ms": None if v["percentile_s"] == np.inf
                 else round(v["percentile_s"] * 1e3, 3) for k, v in p["mlperf"].items()},
              "early_stopping": {k: v["early_stopping"] for k, v in p["mlperf"].items()}}
