@@ -27,6 +27,7 @@ from raybench import console, store
 from raybench.records import present
 from raybench.report.judge import (
     ALPHA,
+    SERVE_THROUGHPUT,
     THRESHOLD_PCT,
     THROUGHPUT,
     VERDICTS,
@@ -249,10 +250,10 @@ def _main_history(args: argparse.Namespace) -> int:
               "that ran before on the same system. Fix: run the same sweep again, or compare "
               "two run directories", file=sys.stderr)
         return 2
-    results = [{"trial_key": r["trial_key"], "config": r["trial_key"], "new": r[THROUGHPUT],
+    results = [{"trial_key": r["trial_key"], "config": r["trial_key"], "new": r["headline"],
                 **{k: r.get(k) for k in ("base", "ratio", "ratio_ci95", "p", "verdict",
                                          "threshold", "threshold_pct", "windows_needed",
-                                         "reason", "software_change")}}
+                                         "reason", "software_change", "metric")}}
                for r in judged.to_dict("records")]
     slower = [r for r in results if r["verdict"] == "slower"]
     _write_page(args.html, results, f"{latest} against its earlier runs in {args.history}")
@@ -272,7 +273,7 @@ def _history_beside(run: Path) -> pd.DataFrame | None:
     for root in (run.parent.parent, run.parent):
         if history.files(root):
             return history.read(root, columns_=["trial_key", "run_id", "status", THROUGHPUT,
-                                                "system/fingerprint"])
+                                                SERVE_THROUGHPUT, "system/fingerprint"])
     return None
 
 

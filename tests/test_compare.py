@@ -208,6 +208,40 @@ def test_history_mode_judges_the_latest_run(tmp_path, capsys):
     assert "holds no history" in capsys.readouterr().err
 
 
+def serving_row(key: str, w: list[float], **kw) -> dict:
+    """A closed-loop serving row: output tokens/s and its windows, no training figures."""
+    return {"trial_key": key, "stage": "benchmark", "status": "ok",
+            "serve/output_tokens_per_s": float(np.mean(w)),
+            "serve/window_output_tokens_per_s": w, "system/fingerprint": "fp-cpu", **kw}
+
+
+def test_history_mode_judges_serving_rows_by_their_output_tokens(tmp_path, capsys):
+    """compare --history and the report's history page judge a closed-loop serving row by its
+    output tokens/s windows, as compare does two runs of them; a Server row (no windows: its
+    throughput is its arrival rate) is not judged."""
+    from raybench.report import write_history
+    from raybench.results.history import History
+    from raybench.results.table import ID_COLUMNS
+
+    for run, mean in (("s1", 1000.0), ("s2", 1010.0), ("s3", 800.0)):
+        History(tmp_path, code_version="v").append({
+            **dict.fromkeys(ID_COLUMNS), **serving_row("users", windows(mean, 8)),
+            "run_id": run})
+        History(tmp_path, code_version="v").append({
+            **dict.fromkeys(ID_COLUMNS), "trial_key": "srv", "stage": "benchmark",
+            "status": "ok", "serve/output_tokens_per_s": mean, "server/rate_qps": 5.0,
+            "system/fingerprint": "fp-cpu", "run_id": run})
+    assert compare.main(["--history", str(tmp_path), "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)["raybench_compare"]
+    (judged,) = out["configurations"]  # the Server row has nothing to judge
+    assert judged["trial_key"] == "users" and judged["verdict"] == "slower"
+    assert judged["metric"] == "serve/output_tokens_per_s"
+    assert judged["new"] == pytest.approx(800.0, rel=0.02)
+    assert judged["base"] == pytest.approx(1005.0, rel=0.02)
+    page = write_history(tmp_path, tmp_path / "history.html").read_text()
+    assert "serve/output_tokens_per_s" in page and "s3" in page
+
+
 def test_a_configuration_that_moves_between_runs_widens_the_threshold(tmp_path):
     """Runs of `a` at 100, 120 and 90 on this system before (twice their CV: 29.6%): a new run
     15% below the base is within that, though all its windows are below the base's."""

@@ -210,7 +210,7 @@ def write_history(root: Path, out: Path, threshold_pct: float = judge.THRESHOLD_
     judged = judge.judge_history(hist, threshold_pct)
     flagged = judged[judged["verdict"] == "slower"] if not judged.empty else judged
     cols = ["sweep", "trial_key", "system/accelerator", "run_id", "recorded_at", "code_version",
-            judge.THROUGHPUT, "ratio", "p", "threshold_pct", "threshold", "software_change"]
+            "metric", "headline", "ratio", "p", "threshold_pct", "threshold", "software_change"]
     runs = hist["run_id"].nunique() if "run_id" in hist else 0
     m = {"title": "raybench history", "table_title": "Slower than the earlier runs",
          "header": [f"{root}: {len(hist)} rows, {runs} runs; each row's windows against its "
@@ -220,8 +220,11 @@ def write_history(root: Path, out: Path, threshold_pct: float = judge.THRESHOLD_
          "columns": cols if not flagged.empty else ["sweep"],
          "rows": flagged.reindex(columns=cols).to_dict("records") if not flagged.empty else [],
          "units": units}
-    fig = figures.history(hist, flagged, unit=units.get(judge.THROUGHPUT, {}).get("unit"))
-    store.write_text(out, page.render(m, [("history", fig)] if fig else []))
+    # a figure per rate: training rows' samples/s, serving rows' output tokens/s
+    figs = [(f"history {metric}", fig) for metric in (judge.THROUGHPUT, judge.SERVE_THROUGHPUT)
+            if (fig := figures.history(judge.judged_rows(hist), flagged, metric,
+                                       units.get(metric, {}).get("unit"))) is not None]
+    store.write_text(out, page.render(m, figs))
     return out
 
 

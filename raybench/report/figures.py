@@ -294,14 +294,16 @@ def comparison_per_rank(df: pd.DataFrame) -> go.Figure | None:
 
 def history(hist: pd.DataFrame, flagged: pd.DataFrame, metric: str = THROUGHPUT,
             unit: str | None = None) -> go.Figure | None:
-    """A metric over time per configuration (trial key), regressions marked."""
-    ok = trained_rows(hist)
-    if ok.empty or metric not in ok:
+    """A metric over time per configuration (trial key) among `hist`'s rows that have it,
+    regressions marked."""
+    ok = hist[hist[metric].notna()] if metric in hist else hist.iloc[0:0]
+    if ok.empty:
         return None
     fig = go.Figure()
     for key, part in ok.sort_values("recorded_at").groupby("trial_key"):
         fig.add_trace(go.Scatter(x=part["recorded_at"], y=part[metric], mode="lines+markers",
                                  name=f"{part['sweep'].iloc[0]} {key}"))
+    flagged = flagged[flagged["metric"] == metric] if "metric" in flagged else flagged.iloc[0:0]
     if not flagged.empty:
         fig.add_trace(go.Scatter(x=flagged["recorded_at"], y=flagged[metric], mode="markers",
                                  name="regression", marker={"symbol": "x", "size": 14,

@@ -24,7 +24,6 @@ import numpy as np
 import pandas as pd
 
 from raybench.records import present
-from raybench.report.assess import trained_rows
 from raybench.results import fingerprint
 
 THRESHOLD_PCT = 3.0  # below this a change is not worth a verdict, however certain
@@ -185,14 +184,29 @@ def _ratio_of_means(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
 EARLIER_RUNS = 5  # a row's baseline in the history: the windows of its last this many runs
 
 
+def judged_rows(hist: pd.DataFrame) -> pd.DataFrame:
+    """The rows a history judges: benchmark rows that ran with a rate their windows measure
+    (a training row's samples/s; a closed-loop or offline serving row's output tokens/s, where
+    it kept its windows). A Server row has none: its throughput is its arrival rate."""
+    df = hist[hist["stage"] == "benchmark"] if "stage" in hist else hist
+    df = df[df["status"] == "ok"] if "status" in df else df
+    trained = df[THROUGHPUT].notna() if THROUGHPUT in df else pd.Series(False, index=df.index)
+    served = (df[SERVE_THROUGHPUT].notna() & df[SERVE_WINDOWS].notna()
+              if SERVE_THROUGHPUT in df and SERVE_WINDOWS in df
+              else pd.Series(False, index=df.index))
+    return df[trained | served]
+
+
 def judge_history(hist: pd.DataFrame, threshold_pct: float = THRESHOLD_PCT,
                   run_id: str | None = None) -> pd.DataFrame:
     """Each benchmark row (of `run_id` only, where given) judged against the earlier rows of
     its configuration on the same system (`trial_key` and `system/fingerprint`): its windows
     against the pooled windows of the last EARLIER_RUNS of them, the threshold widened to the
-    spread those runs showed (twice their throughput's CV, once there are three). One row per
-    judged row, with the verdict's fields; rows without an earlier run are left out."""
-    ok = trained_rows(hist)
+    spread those runs showed (twice their rate's CV, once there are three). Training and
+    serving rows alike (judged_rows), each by its own rate (`headline`, named in `metric`).
+    One row per judged row, with the verdict's fields; rows without an earlier run are left
+    out."""
+    ok = judged_rows(hist)
     keys = [k for k in ("trial_key", "system/fingerprint") if k in ok]
     out = []
     for _, part in ok.sort_values("recorded_at", kind="stable").groupby(keys, dropna=False):
@@ -204,26 +218,30 @@ def judge_history(hist: pd.DataFrame, threshold_pct: float = THRESHOLD_PCT,
             earlier = rows[max(0, i - EARLIER_RUNS):i]
             base = [w for r in earlier for w in windows(r)]
             new = windows(row)
-            spread = _spread([r[THROUGHPUT] for r in rows[:i]])
+            spread = _spread([v for r in rows[:i] if (v := headline(r)) is not None])
             result = decide(base, new, threshold_pct, spread) if base and new else {
                 "verdict": "inconclusive", "reason": "no windows in these rows"}
-            out.append({**row, **result, "base": float(np.mean([r[THROUGHPUT] for r in earlier])),
+            rates = [v for r in earlier if (v := headline(r)) is not None]
+            out.append({**row, **result, "metric": metric_of(row), "headline": headline(row),
+                        "base": float(np.mean(rates)) if rates else None,
                         "software_change": fingerprint.software_changes(rows[i - 1], row)})
     return pd.DataFrame(out)
 
 
 def run_spread(history: pd.DataFrame | None, row: dict[str, Any],
                exclude: set[Any] = frozenset()) -> float | None:
-    """Twice the throughput CV% over the history's runs of this row's configuration on its
-    system (other than `exclude`'s runs), once there are three; else None."""
-    if history is None or history.empty or THROUGHPUT not in history:
+    """Twice the CV% of this row's rate (`metric_of`) over the history's runs of its
+    configuration on its system (other than `exclude`'s runs), once there are three; else
+    None."""
+    metric = metric_of(row)
+    if history is None or history.empty or metric is None or metric not in history:
         return None
     same = history[(history["trial_key"] == row.get("trial_key"))
                    & (history["status"] == "ok") & ~history["run_id"].isin(exclude)]
     fp = row.get("system/fingerprint")
     if "system/fingerprint" in same and present(fp):
         same = same[same["system/fingerprint"] == fp]
-    return _spread(same[THROUGHPUT].dropna().tolist())
+    return _spread(same[metric].dropna().tolist())
 
 
 def _spread(values: list[float]) -> float | None:
@@ -243,10 +261,16 @@ def windows(row: dict[str, Any]) -> list[float]:
     return []
 
 
-def headline(row: dict[str, Any]) -> float | None:
-    """The rate a row's windows measure: samples/s of a training row, output tokens/s of a
-    serving one."""
+def metric_of(row: dict[str, Any]) -> str | None:
+    """The column of the rate a row's windows measure: samples/s of a training row, output
+    tokens/s of a serving one; None for a row with neither."""
     for key in (THROUGHPUT, SERVE_THROUGHPUT):
         if present(row.get(key)):
-            return float(row[key])
+            return key
     return None
+
+
+def headline(row: dict[str, Any]) -> float | None:
+    """The rate a row's windows measure (`metric_of`'s column)."""
+    key = metric_of(row)
+    return float(row[key]) if key else None

@@ -45,6 +45,7 @@ SOURCES_KEY = b"raybench.history.sources"
 # is what takes time (docs/journal/2026-11.md)
 PAGE_COLUMNS = ["sweep", "run_id", "stage", "trial_key", "status", "recorded_at", "code_version",
                 "train/samples_per_s", "train/window_samples_per_s", "train/step_time_cv_pct",
+                "serve/output_tokens_per_s", "serve/window_output_tokens_per_s",
                 "system/accelerator", "system/fingerprint", *fingerprint.SOFTWARE]
 
 

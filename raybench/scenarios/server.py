@@ -19,6 +19,7 @@ that falls behind cannot hide queueing.
 
 from __future__ import annotations
 
+import logging
 import math
 import sys
 import threading
@@ -30,6 +31,8 @@ import numpy as np
 
 from raybench.scenarios import dispatch, mlperf
 from raybench.scenarios.dispatch import Serve
+
+log = logging.getLogger(__name__)
 
 MAX_PROBES = 16
 # Rates tried below the search's answer while a certifying or confirming run fails it (down by
@@ -215,6 +218,17 @@ def _token_figures(run: dict[str, Any], percentile: float,
             "tpot_p99_ms": _ms(mlperf.percentile_of(tpot, 99))}
 
 
+def say(probe: dict[str, Any], certify: bool, sequence: int, percentile: float) -> None:
+    """One line per run of a search, which may take many minutes: its rate, kind, verdict."""
+    shown = {k: v.get("percentile_s") for k, v in (probe.get("mlperf") or {}).items()}
+    log.info("server: %.4g queries/s, %s%s, %d queries: %s (p%g %s)", probe["rate_qps"],
+             "certifying run" if certify else "search probe",
+             f" on sequence {sequence}" if sequence else "", probe["queries"],
+             "passed" if probe["passed"] else "failed", percentile,
+             ", ".join(f"{k} {'-' if v is None or v == math.inf else f'{v * 1e3:.1f} ms'}"
+                       for k, v in shown.items()) or "not judged")
+
+
 def rule_columns(inf: Any, probes: list[dict[str, Any]]) -> dict[str, Any]:
     """What a Server row states of the rule its rate passed and its confirmation: each
     step-down is a confirming run on the search's own sequence after the first (with
@@ -371,8 +385,10 @@ def run_search(replicas: Sequence[Serve], inf: Any, capacity_qps: float,
                            certify or rule)
         finally:
             sys.setswitchinterval(previous)
-        return {**summarize(run, bound_s, pct, tokens_s, certify or rule),
-                "wall_s": time.perf_counter() - began, "_run": run}
+        out = {**summarize(run, bound_s, pct, tokens_s, certify or rule),
+               "wall_s": time.perf_counter() - began, "_run": run}
+        say(out, certify, sequence, pct)
+        return out
 
     if inf.rate_qps is not None:
         result = probe(inf.rate_qps, rule=inf.early_stopping)

@@ -221,10 +221,12 @@ def _server(trial: TrialSpec, capacity: float, go: Any, prompt: Any
         run, windows = go(spec)
         verdicts = figures.verdicts(run["records"], inf.latency_percentile, ttft, tpot,
                                     run["run_s"])
-        return {"rate_qps": rate, "queries": len(gaps), "run_s": run["run_s"],
-                "mlperf": verdicts, "stopped_early": run["stopped_early"],
-                "passed": server.passes(verdicts, run["stopped_early"], certify or rule),
-                "_run": run, "_windows": windows}
+        out = {"rate_qps": rate, "queries": len(gaps), "run_s": run["run_s"],
+               "mlperf": verdicts, "stopped_early": run["stopped_early"],
+               "passed": server.passes(verdicts, run["stopped_early"], certify or rule),
+               "_run": run, "_windows": windows}
+        server.say(out, certify, sequence, inf.latency_percentile)
+        return out
 
     if inf.rate_qps is not None:
         result = probe(inf.rate_qps, rule=inf.early_stopping)
