@@ -6,7 +6,8 @@
 (forward.py); `chips` compares Ray Data chipping with the reference's serial whole-band
 chipping (chips.py); `history` times the history's appends and reads (history.py); `compare`
 times compare against a run's configurations (comparison.py); `verdicts` simulates how often
-compare's rule errs (verdicts.py).
+compare's rule errs (verdicts.py); `dispatch` sets raybench's Server load against LoadGen's on
+one replica of a known service time, with busy processes beside them (dispatch.py).
 `run SWEEP.yaml` is `python -m raybench.sweep SWEEP.yaml --runner local`, kept as a short name.
 """
 
@@ -90,6 +91,20 @@ def _own_commands(command: Any) -> None:
     verd.add_argument("--slowdown", type=float, default=0.8, metavar="R",
                       help="the slowdown's ratio NEW/BASE (default 0.8)")
     verd.add_argument("--draws", type=int, default=2000, help="pairs of runs each (2000)")
+    disp = command("dispatch", "raybench's Server load against LoadGen's beside busy processes")
+    disp.add_argument("--service-ms", type=float, default=10.0, metavar="MS",
+                      help="the replica's time a query (default 10)")
+    disp.add_argument("--bound-ms", type=float, default=30.0, metavar="MS",
+                      help="the latency bound (default 30)")
+    disp.add_argument("--percentile", type=float, default=99.0, help="its percentile (99)")
+    disp.add_argument("--seconds", type=float, default=10.0, metavar="S",
+                      help="each probe's length on both sides (default 10)")
+    disp.add_argument("--busy", type=int, default=2, metavar="N",
+                      help="processes keeping a core busy each beside them (default 2)")
+    disp.add_argument("--rounds", type=int, default=3, metavar="N",
+                      help="seeds, each a search by each side (default 3)")
+    disp.add_argument("--tolerance-pct", type=float, default=3.0, metavar="PCT",
+                      help="the searches' bracket (default 3)")
     hist = command("history", "the history's append and read costs")
     hist.add_argument("--row", metavar="PARQUET",
                       help="template row's table (default: the newest in results/)")
@@ -119,7 +134,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m raybench.bench") 
 
 def _command(args: argparse.Namespace) -> int:
     own = {"history": _history, "compare": _compare_costs, "verdicts": _verdict_rates,
-           "chips": _chips}
+           "chips": _chips, "dispatch": _dispatch}
     if args.cmd in own:
         return own[args.cmd](args)
     return _with_sweep(args)
@@ -142,6 +157,20 @@ def _verdict_rates(args: argparse.Namespace) -> int:
     for line in benchmark([int(n) for n in values(args.windows)], values(args.cv_pct),
                           values(args.drift_pct), args.slowdown, args.draws):
         console.emit({"raybench_verdicts_bench": line})
+    return 0
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    from raybench.bench.dispatch import benchmark  # LoadGen: only here
+    from raybench.failures import Infeasible
+
+    try:
+        result = benchmark(args.service_ms, args.bound_ms, args.percentile, args.seconds,
+                           args.busy, args.rounds, args.tolerance_pct)
+    except Infeasible as e:  # LoadGen not installed
+        print(f"raybench: bench dispatch needs MLPerf's LoadGen: {e}", file=sys.stderr)
+        return cli.EXIT_INVALID
+    console.emit({"raybench_dispatch_bench": result})
     return 0
 
 

@@ -122,15 +122,20 @@ def run_load(replicas: Sequence[Serve], rate: float, gaps: np.ndarray,
                 return
             fifo.put(k)
 
-    with dispatch.Fifo(replicas, max_batch, done) as fifo:
-        issuer = threading.Thread(target=issue, args=(fifo,), name="raybench-arrivals",
-                                  daemon=True)
-        issuer.start()
-        # A replica that stops answering must not hang the sweep.
-        limit = float(arrivals[-1]) * 4 + 120
-        finished = ended.wait(limit) or failed.is_set()
-        halt.set()
-        issuer.join()
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    try:
+        with dispatch.Fifo(replicas, max_batch, done) as fifo:
+            issuer = threading.Thread(target=issue, args=(fifo,), name="raybench-arrivals",
+                                      daemon=True)
+            issuer.start()
+            # A replica that stops answering must not hang the sweep.
+            limit = float(arrivals[-1]) * 4 + 120
+            finished = ended.wait(limit) or failed.is_set()
+            halt.set()
+            issuer.join()
+    finally:
+        sys.setswitchinterval(previous)
     if errors:
         raise errors[0]
     if not finished:
@@ -378,13 +383,8 @@ def run_search(replicas: Sequence[Serve], inf: Any, capacity_qps: float,
         seconds, floor = probe_length(inf, certify)
         gaps = unit_gaps(inf.seed, query_count(rate, seconds, inf.min_queries, floor), sequence)
         began = time.perf_counter()
-        previous = sys.getswitchinterval()
-        sys.setswitchinterval(SWITCH_INTERVAL_S)
-        try:
-            run = run_load(replicas, rate, gaps, bound_s, pct, inf.max_batch_queries,
-                           certify or rule)
-        finally:
-            sys.setswitchinterval(previous)
+        run = run_load(replicas, rate, gaps, bound_s, pct, inf.max_batch_queries,
+                       certify or rule)
         out = {**summarize(run, bound_s, pct, tokens_s, certify or rule),
                "wall_s": time.perf_counter() - began, "_run": run}
         say(out, certify, sequence, pct)

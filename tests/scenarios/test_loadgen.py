@@ -226,3 +226,20 @@ def test_loadgen_and_raybench_measure_the_same_replica_alike(tmp_path):
     assert m["loadgen/queries"] >= 4.0 * 40 * 0.9 and m["loadgen/min_duration_met"] is True
     assert 5.0 <= m["loadgen/p50_ms"] and 5.0 <= m["server/p50_ms"]
     assert abs(m["loadgen/p50_ms"] - m["server/p50_ms"]) <= 1.0
+
+
+def test_bench_dispatch_sets_raybench_s_load_beside_loadgen_s(capsys):
+    """`bench dispatch` runs the same search with raybench's load, with LoadGen's and over
+    the exact queue, on one replica of a known time, a busy process beside them: each finds
+    a rate, and raybench's, on the exact queue's arrivals, not beyond the queue's (its
+    latencies only add to the queue's) but for the search's bracket."""
+    from raybench.bench import command as bench
+
+    assert bench.main(["dispatch", "--service-ms", "2", "--bound-ms", "10", "--percentile",
+                       "90", "--seconds", "0.4", "--busy", "1", "--rounds", "1",
+                       "--tolerance-pct", "20"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["raybench_dispatch_bench"]
+    (r,) = out["rounds"]
+    assert all(r[k]["rate_qps"] for k in ("raybench", "loadgen", "ideal"))
+    assert r["raybench"]["rate_qps"] <= r["ideal"]["rate_qps"] * 1.21  # within one bracket
+    assert out["busy_processes"] == 1 and len(out["raybench_over_loadgen"]) == 1
