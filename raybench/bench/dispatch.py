@@ -4,7 +4,7 @@ service time, with busy processes beside them (issue 66, item 3).
 Owns the comparison, not the dispatch (scenarios/dispatch.py) nor the search (server.py). Both
 sides send Poisson queries through the same dispatcher to a replica that sleeps its service
 time; what differs is who schedules and stamps them: raybench's arrival thread and clock, or
-LoadGen's. Each round runs the same search (server.search_rate, by the percentile alone, as
+LoadGen's. Each round runs the same search (rate_search.search_rate, by the percentile alone, as
 LoadGen's own rank gives it) with each side's probes, then the same search over the exact FIFO
 queue of raybench's arrivals (the ideal that both approach from below). A round's sides use the
 round's seed for their arrivals, so rounds differ in luck, not the sides' luck within a round
@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from raybench.scenarios import loadgen, mlperf, server
+from raybench.scenarios import loadgen, mlperf, rate_search, server
 from raybench.scenarios.dispatch import Serve
 
 
@@ -123,7 +123,7 @@ def _round(serve: Serve, seed: int, service_ms: float, bound_ms: float, percenti
     start = 0.5 / service  # half the replica's capacity, as the Server search starts
     for name, probe in (("raybench", ours), ("loadgen", theirs), ("ideal", ideal)):
         began = time.monotonic()
-        best, probes = server.search_rate(probe, start, 4 * start, tolerance_pct)
+        best, probes = rate_search.search_rate(probe, start, 4 * start, tolerance_pct)
         found[name] = {"rate_qps": best["rate_qps"] if best else None, "probes": len(probes),
                        "wall_s": round(time.monotonic() - began, 2)}
     return found

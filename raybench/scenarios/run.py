@@ -20,7 +20,7 @@ from raybench import workloads
 from raybench.columns import Metric, declare
 from raybench.failures import failure
 from raybench.records import TrialOutcome
-from raybench.scenarios import dispatch, loadgen, mlperf, offline, server
+from raybench.scenarios import dispatch, loadgen, mlperf, offline, rate_search, server
 from raybench.scenarios.replica import Replica, local_devices
 from raybench.trials import TrialSpec, derive
 
@@ -146,7 +146,7 @@ def server_outcome(trial: TrialSpec, best: dict[str, Any] | None, probes: list[d
         "server/queries_per_call": shown.get("queries_per_call"),
         "server/samples_per_s": best["rate_qps"] * inf.query_samples if best else None,
         "server/ttft_bound_ms": inf.ttft_bound_ms, "server/tpot_bound_ms": inf.tpot_bound_ms,
-        **mlperf.columns(shown), **server.rule_columns(inf, probes),
+        **mlperf.columns(shown), **rate_search.rule_columns(inf, probes),
     }
     for k in ("p50_ms", "p90_ms", "p99_ms", "service_mean_ms", "ttft_p50_ms", "ttft_p99_ms",
               "tpot_p50_ms", "tpot_p99_ms", "dispatch_delay_p50_ms", "dispatch_delay_p99_ms",
@@ -235,7 +235,7 @@ def _serve(trial: TrialSpec, calls: list[dispatch.Serve], stats: list[dict[str, 
                    **loadgen.columns(run, shown)}
         return TrialOutcome(status="ok", metrics=metrics, records=run["records"], ranks=stats)
     capacity = _capacity(trial, stats)
-    best, probes = server.run_search(calls, inf, capacity)
+    best, probes = rate_search.run_search(calls, inf, capacity)
     confirmed = None
     if inf.loadgen and best is not None:  # as a submitter works: the rate found, confirmed
         confirmed = loadgen.run(calls, inf, "server", best["rate_qps"], folder,

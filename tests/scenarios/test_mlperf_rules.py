@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy.special import betainc
 
-from raybench.scenarios import mlperf, server
+from raybench.scenarios import mlperf, rate_search, server
 
 
 def loadgen_odds(h: int, t: int, p: float) -> float:
@@ -147,7 +147,7 @@ def test_the_search_by_mlperfs_rule_lands_under_the_queues_certified_limit(certi
     service, bound = 0.0022, 0.010
     limits = [certified_limit(md1_probe(service, bound, certify_s, []), k) for k in range(3)]
     seen = []
-    best, probes = server.search_rate(md1_probe(service, bound, certify_s, seen), 200.0,
+    best, probes = rate_search.search_rate(md1_probe(service, bound, certify_s, seen), 200.0,
                                       1000.0, 3.0, confirm_runs=2, certify=True)
     print({"limits": limits, "found": best["rate_qps"]})
     # A run's queries grow with its rate (certify_s of them), so its verdict is not quite

@@ -11,7 +11,7 @@ import pytest
 
 from raybench.grid import expand
 from raybench.report import assess, inference
-from raybench.scenarios import offline, server
+from raybench.scenarios import offline, rate_search, server
 from raybench.spec import SpecError, validate_sweep
 
 BASE = {"name": "t", "system": {"label": "x"},
@@ -30,28 +30,28 @@ def test_search_finds_a_threshold_within_tolerance(limit):
         seen.append(rate)
         return {"rate_qps": rate, "passed": rate <= limit}
 
-    best, probes = server.search_rate(probe, start=50.0, cap=1000.0, tolerance_pct=2.0)
+    best, probes = rate_search.search_rate(probe, start=50.0, cap=1000.0, tolerance_pct=2.0)
     assert best["rate_qps"] <= limit and best["rate_qps"] >= limit / 1.02
-    assert len(probes) == len(seen) <= server.MAX_PROBES
+    assert len(probes) == len(seen) <= rate_search.MAX_PROBES
     assert any(not p["passed"] for p in probes)  # the bracket was closed from above too
 
 
 def test_search_stops_at_the_cap_when_everything_passes():
-    best, probes = server.search_rate(lambda r: {"rate_qps": r, "passed": True}, 10, 25, 5)
+    best, probes = rate_search.search_rate(lambda r: {"rate_qps": r, "passed": True}, 10, 25, 5)
     assert best["rate_qps"] == 25 and [p["rate_qps"] for p in probes] == [10, 20, 25]
 
 
 def test_search_stops_starting_probes_after_its_time_budget():
     now = iter(range(0, 1000, 10))  # each probe "takes" 10 s
-    best, probes = server.search_rate(lambda r: {"rate_qps": r, "passed": r < 37}, 10, 1000, 1,
+    best, probes = rate_search.search_rate(lambda r: {"rate_qps": r, "passed": r < 37}, 10, 1000, 1,
                                       budget_s=25, clock=lambda: next(now))
     assert len(probes) == 3 and probes[-1]["truncated"] is True and best["rate_qps"] == 20
 
 
 def test_search_reports_none_when_nothing_passes():
-    best, probes = server.search_rate(lambda r: {"rate_qps": r, "passed": False}, 10, 25, 5)
-    assert best is None and len(probes) == server.HALVINGS + 1
-    assert probes[-1]["rate_qps"] == pytest.approx(10 / 2**server.HALVINGS)
+    best, probes = rate_search.search_rate(lambda r: {"rate_qps": r, "passed": False}, 10, 25, 5)
+    assert best is None and len(probes) == rate_search.HALVINGS + 1
+    assert probes[-1]["rate_qps"] == pytest.approx(10 / 2**rate_search.HALVINGS)
 
 
 def test_arrivals_are_poisson_and_the_same_pattern_at_every_rate():
@@ -84,7 +84,7 @@ def test_the_rate_found_is_confirmed_on_fresh_sequences_and_lowered_where_one_fa
     fresh sequence, so it is lowered by the tolerance (and run on the search's sequence again)
     until every sequence passes it: then within one step below the lowest limit."""
     seen = []
-    best, probes = server.search_rate(limits_probe({0: 40.0, 1: 36.0, 2: 38.0}, seen), 50.0,
+    best, probes = rate_search.search_rate(limits_probe({0: 40.0, 1: 36.0, 2: 38.0}, seen), 50.0,
                                       1000.0, 2.0, confirm_runs=2)
     assert 36.0 / 1.02 <= best["rate_qps"] <= 36.0
     assert best.get("sequence") == 0  # the probe shown is the search's own sequence's
@@ -93,9 +93,9 @@ def test_the_rate_found_is_confirmed_on_fresh_sequences_and_lowered_where_one_fa
     assert sorted(at_best) == [0, 1, 2]  # the answer passed on all three
     assert not any(c for _, _, c in seen)  # nothing certified: the percentile's probes alone
     steps = sum(1 for p in probes if p.get("confirming") and not p["sequence"])
-    assert 1 <= steps <= server.MAX_CONFIRM_STEPS  # 40 -> 36: down 1, 2, 4 steps, bisected
+    assert 1 <= steps <= rate_search.MAX_CONFIRM_STEPS  # 40 -> 36: down 1, 2, 4 steps, bisected
     quick = trial(scenario="server", latency_bound_ms=30.0, early_stopping=False).inference
-    assert server.rule_columns(quick, probes) == {
+    assert rate_search.rule_columns(quick, probes) == {
         "server/rule": "percentile", "server/confirm_runs": 2, "server/certify_s": None,
         "server/confirm_steps": steps}
 
@@ -105,7 +105,7 @@ def test_the_rate_bracketed_by_the_percentile_is_certified_by_the_rule_on_every_
     to 45), then the answer must pass certifying runs on the search's sequence (up to 40) and
     two fresh ones (36, 38): each failure a tolerance lower, every sequence certified again."""
     seen = []
-    best, probes = server.search_rate(limits_probe({0: 40.0, 1: 36.0, 2: 38.0}, seen, 45.0),
+    best, probes = rate_search.search_rate(limits_probe({0: 40.0, 1: 36.0, 2: 38.0}, seen, 45.0),
                                       50.0, 1000.0, 2.0, confirm_runs=2, certify=True)
     assert 36.0 / 1.02 <= best["rate_qps"] <= 36.0
     assert best["sequence"] == 0 and best["confirming"] is True  # a certifying run's
@@ -114,10 +114,10 @@ def test_the_rate_bracketed_by_the_percentile_is_certified_by_the_rule_on_every_
     search = [r for r, _, c in seen if not c]
     assert max(r for r in search if r <= 45.0) > 44.0  # bracketed to the percentile's 45
     own = sum(1 for p in probes if p.get("confirming") and not p["sequence"])
-    cols = server.rule_columns(trial(scenario="server", latency_bound_ms=30.0).inference, probes)
+    cols = rate_search.rule_columns(trial(scenario="server", latency_bound_ms=30.0).inference, probes)
     assert cols == {"server/rule": "mlperf", "server/confirm_runs": 2, "server/certify_s": 60.0,
                     "server/confirm_steps": own - 1}
-    assert 3 <= own - 1 <= server.MAX_CONFIRM_STEPS  # 45 -> 36: 1, 2, 4, 8 steps, bisected
+    assert 3 <= own - 1 <= rate_search.MAX_CONFIRM_STEPS  # 45 -> 36: 1, 2, 4, 8 steps, bisected
     # the sequence that failed last is run first at the next rate: no rate runs sequence 1
     # after another sequence has failed there
     assert len([1 for _, k, c in seen if c]) <= 3 * (own + 1)
@@ -125,18 +125,18 @@ def test_the_rate_bracketed_by_the_percentile_is_certified_by_the_rule_on_every_
 
 def test_an_answer_no_fresh_sequence_confirms_is_not_reported():
     seen = []
-    best, probes = server.search_rate(limits_probe({0: 40.0, 1: 1.0, 2: 40.0}, seen), 50.0,
+    best, probes = rate_search.search_rate(limits_probe({0: 40.0, 1: 1.0, 2: 40.0}, seen), 50.0,
                                       1000.0, 2.0, confirm_runs=2, certify=True)
     assert best is None
-    assert len({r for r, _, c in seen if c}) == server.MAX_CONFIRM_STEPS
+    assert len({r for r, _, c in seen if c}) == rate_search.MAX_CONFIRM_STEPS
     # without confirmation the search's answer is its own sequence's
-    best, _ = server.search_rate(limits_probe({0: 40.0}, []), 50.0, 1000.0, 2.0)
+    best, _ = rate_search.search_rate(limits_probe({0: 40.0}, []), 50.0, 1000.0, 2.0)
     assert 40.0 / 1.02 <= best["rate_qps"] <= 40.0
 
 
 def test_confirmation_keeps_to_the_search_budget():
     now = iter(range(0, 1000, 10))  # each probe "takes" 10 s
-    best, probes = server.search_rate(limits_probe({0: 37.0, 1: 37.0}, []), 10, 1000, 1,
+    best, probes = rate_search.search_rate(limits_probe({0: 37.0, 1: 37.0}, []), 10, 1000, 1,
                                       budget_s=55, clock=lambda: next(now), confirm_runs=1,
                                       certify=True)
     assert best is None and probes[-1]["truncated"] is True

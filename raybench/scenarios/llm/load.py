@@ -3,7 +3,7 @@ client's clock as it arrives.
 
 Three loads, as vLLM's `bench serve` and MLPerf run them: Offline (every request at once: the
 engines take them as fast as they can), Server (Poisson arrivals at a rate; the search in
-scenarios/server.search_rate finds the highest rate whose TTFT and TPOT percentiles meet their
+scenarios/rate_search.search_rate finds the highest rate whose TTFT and TPOT percentiles meet their
 limits), and closed-loop users (each user sends its next request when its last one ends:
 concurrency 1, 2, 4, ... draws the throughput against speed-per-user curve). A request goes to
 the replica with the fewest requests in flight (ties: the one sent fewest), as a serving

@@ -19,7 +19,7 @@ from raybench import workloads
 from raybench.columns import Metric, declare
 from raybench.failures import failure
 from raybench.records import TrialOutcome
-from raybench.scenarios import loadgen, mlperf, offline, server
+from raybench.scenarios import loadgen, mlperf, offline, rate_search, server
 from raybench.scenarios.llm import figures, lengths, load
 from raybench.scenarios.llm.host import EngineHost
 from raybench.scenarios.replica import local_devices
@@ -211,7 +211,7 @@ def _server(trial: TrialSpec, capacity: float, go: Any, prompt: Any
         # a search probe judged by the percentile; a certifying run (or, with `rule`, a
         # fixed-rate run) by MLPerf's rule (scenarios/server.py)
         count[0] += 1
-        seconds, floor = server.probe_length(inf, certify)
+        seconds, floor = rate_search.probe_length(inf, certify)
         n = server.query_count(rate, seconds, inf.min_queries, floor)
         gaps = server.unit_gaps(inf.seed, n, sequence)
         spec = load.Load(len(gaps), lengths.requests(inf, len(gaps)), prompt,
@@ -225,7 +225,7 @@ def _server(trial: TrialSpec, capacity: float, go: Any, prompt: Any
                "mlperf": verdicts, "stopped_early": run["stopped_early"],
                "passed": server.passes(verdicts, run["stopped_early"], certify or rule),
                "_run": run, "_windows": windows}
-        server.say(out, certify, sequence, inf.latency_percentile)
+        rate_search.say(out, certify, sequence, inf.latency_percentile)
         return out
 
     if inf.rate_qps is not None:
@@ -233,7 +233,7 @@ def _server(trial: TrialSpec, capacity: float, go: Any, prompt: Any
         best, probes = (result if result["passed"] else None), [result]
     else:
         cap = inf.rate_max_qps or 1.5 * capacity
-        best, probes = server.search_rate(probe, min(0.5 * capacity, cap), cap,
+        best, probes = rate_search.search_rate(probe, min(0.5 * capacity, cap), cap,
                                           inf.rate_tolerance_pct, inf.search_seconds,
                                           confirm_runs=inf.confirm_runs,
                                           certify=inf.early_stopping)
@@ -273,7 +273,7 @@ def _server_columns(trial: TrialSpec, best: dict[str, Any] | None,
                 else round(v["percentile_s"] * 1e3, 3) for k, v in p["mlperf"].items()},
              "early_stopping": {k: v["early_stopping"] for k, v in p["mlperf"].items()}}
             for p in probes]),
-        **mlperf.columns(shown), **server.rule_columns(inf, probes),
+        **mlperf.columns(shown), **rate_search.rule_columns(inf, probes),
     }
 
 

@@ -1,0 +1,212 @@
+"""The Server scenario's rate search: the highest Poisson rate that passes MLPerf's rule.
+
+Owns the search, not a rate's run (server.py: arrivals, load, summary) nor the rule itself
+(mlperf.py). The search brackets the rate by the percentile on short probes (probe_seconds),
+then certifies it on longer runs (certify_seconds, at least the 459 queries that can certify
+p99) by MLPerf's rule, on its own arrival sequence and on fresh ones, a tolerance lower
+wherever one fails, as a submitter confirms before a run: at the shortest certifiable run none
+may be late and a sequence's worst burst decides (a 10 ms replica's 30 ms bound: 8.5, 29.5 and
+28.1 queries/s on three sequences of 459, docs/journal/2026-12.md); the longer the run, the
+nearer its rate to what MLPerf's 600 s run certifies. `early_stopping: false` judges the
+percentile alone, for quick looks. Pure over its probe and clock but for a log line a run.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from raybench.scenarios import mlperf, server
+from raybench.scenarios.dispatch import Serve
+
+log = logging.getLogger(__name__)
+
+MAX_PROBES = 16
+# Rates tried below the search's answer while a certifying or confirming run fails it (down by
+# 1, 2, 4, 8 tolerance steps, then bisected); an answer still unconfirmed after them is not
+# reported.
+MAX_CONFIRM_STEPS = 8
+# Below start / 2**HALVINGS the bound is out of reach: each halving doubles a probe's length
+# (a probe sends at least min_queries), so going lower costs minutes and says nothing new.
+HALVINGS = 5
+
+
+def probe_length(inf: Any, certify: bool) -> tuple[float, int]:
+    """The seconds of queries a run sends and its fewest queries beyond min_queries: a
+    certifying run certify_seconds, and at least what early stopping can certify at the
+    trial's percentile (459 at p99, none late); a search probe (or a fixed-rate run)
+    probe_seconds."""
+    if certify:
+        return inf.certify_seconds, mlperf.queries_needed(0, inf.latency_percentile)
+    return inf.probe_seconds, 0
+
+
+def say(probe: dict[str, Any], certify: bool, sequence: int, percentile: float) -> None:
+    """One line per run of a search, which may take many minutes: its rate, kind, verdict."""
+    shown = {k: v.get("percentile_s") for k, v in (probe.get("mlperf") or {}).items()}
+    log.info("server: %.4g queries/s, %s%s, %d queries: %s (p%g %s)", probe["rate_qps"],
+             "certifying run" if certify else "search probe",
+             f" on sequence {sequence}" if sequence else "", probe["queries"],
+             "passed" if probe["passed"] else "failed", percentile,
+             ", ".join(f"{k} {'-' if v is None or v == math.inf else f'{v * 1e3:.1f} ms'}"
+                       for k, v in shown.items()) or "not judged")
+
+
+def rule_columns(inf: Any, probes: list[dict[str, Any]]) -> dict[str, Any]:
+    """What a Server row states of the rule its rate passed and its confirmation: each
+    step-down is a confirming run on the search's own sequence after the first (with
+    certification) or after the search (without)."""
+    searching = inf.rate_qps is None
+    own = sum(1 for p in probes if p.get("confirming") and not p.get("sequence"))
+    return {"server/rule": "mlperf" if inf.early_stopping else "percentile",
+            "server/confirm_runs": inf.confirm_runs if searching else 0,
+            "server/certify_s": inf.certify_seconds if searching and inf.early_stopping
+            else None,
+            "server/confirm_steps": max(0, own - bool(inf.early_stopping)) if searching else 0}
+
+
+def search_rate(probe: Callable[..., dict[str, Any]], start: float, cap: float,
+                tolerance_pct: float, budget_s: float = math.inf,
+                clock: Callable[[], float] = time.monotonic, confirm_runs: int = 0,
+                certify: bool = False) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """Highest passing rate: double from `start` (halve if it fails) until the verdict changes,
+    then bisect until the bracket is within `tolerance_pct` (`probe(rate)`). Then, with
+    `certify`, the rate found must pass a certifying run (`probe(rate, k, certify=True)`) on
+    the search's arrival sequence (k = 0) and on `confirm_runs` fresh ones (k = 1, 2, ...);
+    without, the search's own probe stands for k = 0 and the fresh sequences are probed as the
+    search's were. Wherever one fails the rate goes a tolerance lower and all are run again.
+    Returns the probe shown for the answer (the search's sequence's; None: even the lowest
+    rate tried failed, or no rate was confirmed) and every probe in order, each confirming
+    one marked with its `sequence`; no new probe starts after `budget_s` (the last probe then
+    says `truncated`). Pure over `probe` and `clock`."""
+    began = clock()
+    probes: list[dict[str, Any]] = []
+
+    def out_of_time() -> bool:
+        if probes and clock() - began > budget_s:
+            probes[-1]["truncated"] = True
+            return True
+        return False
+
+    best: dict[str, Any] | None = None
+    lo, hi = None, None  # highest passing, lowest failing rate
+    rate = min(start, cap)
+    while len(probes) < MAX_PROBES and not out_of_time():
+        result = probe(rate)
+        probes.append(result)
+        if result["passed"]:
+            lo, best = rate, result if best is None or rate > best["rate_qps"] else best
+        else:
+            hi = rate
+        if lo is not None and hi is not None:
+            if hi / lo - 1 <= tolerance_pct / 100:
+                break
+            rate = math.sqrt(lo * hi)
+        elif hi is None:  # everything so far passed
+            if rate >= cap:
+                break  # the limit is above what may be tried
+            rate = min(rate * 2, cap)
+        else:  # everything so far failed
+            rate /= 2
+            if rate < start / 2**HALVINGS:
+                break
+    if best is None or (confirm_runs <= 0 and not certify):
+        return best, probes
+    confirm = _Confirm(probe, probes, confirm_runs, tolerance_pct, out_of_time, certify)
+    return confirm.run(best), probes
+
+
+class _Confirm:
+    """The search's answer on the arrival sequences that confirm it (search_rate): the
+    highest rate at most the answer that passes on every sequence, as every sequence's
+    verdict only worsens with the rate. Down from the answer by 1, 2, 4, ... tolerance steps
+    until one passes, then bisected to the tolerance; the sequence that failed last is run
+    first at the next rate. At most MAX_CONFIRM_STEPS rates, within the time budget; every
+    probe it runs appended to `probes`."""
+
+    def __init__(self, probe: Callable[..., dict[str, Any]], probes: list[dict[str, Any]],
+                 runs: int, tolerance_pct: float, out_of_time: Callable[[], bool],
+                 certify: bool):
+        self.probe, self.probes, self.runs = probe, probes, runs
+        self.step, self.out_of_time, self.certify = 1 + tolerance_pct / 100, out_of_time, certify
+        self.order = list(range(runs + 1))
+
+    def _one(self, rate: float, sequence: int) -> dict[str, Any]:
+        result = (self.probe(rate, sequence, certify=True) if self.certify
+                  else self.probe(rate, sequence) if sequence else self.probe(rate))
+        result["sequence"] = sequence
+        result["confirming"] = True
+        self.probes.append(result)
+        return result
+
+    def _passes_all(self, rate: float, best: dict[str, Any]) -> dict[str, Any] | bool | None:
+        """The search's sequence's probe where every sequence passes `rate`; False where one
+        fails; None where the time budget ended first."""
+        shown = None if self.certify or rate != best["rate_qps"] else best
+        for k in self.order:
+            if k == 0 and shown is not None:
+                continue
+            if self.out_of_time():
+                return None
+            result = self._one(rate, k)
+            if not result["passed"]:
+                self.order.remove(k)
+                self.order.insert(0, k)
+                return False
+            if k == 0:
+                shown = result
+        return shown
+
+    def run(self, best: dict[str, Any]) -> dict[str, Any] | None:
+        rate, jump = best["rate_qps"], 1
+        passing: tuple[float, dict[str, Any]] | None = None
+        failing: float | None = None
+        for _ in range(MAX_CONFIRM_STEPS):
+            shown = self._passes_all(rate, best)
+            if shown is None:
+                break
+            if shown is False:
+                failing = rate
+            else:
+                passing = (rate, shown)
+            if passing and (failing is None or failing / passing[0] <= self.step):
+                break
+            if passing is None:
+                rate, jump = rate / self.step**jump, jump * 2
+            else:
+                rate = math.sqrt(passing[0] * failing)
+        return passing[1] if passing else None
+
+
+def run_search(replicas: Sequence[Serve], inf: Any, capacity_qps: float,
+               ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """The Server scenario over ready replicas: one fixed rate judged by the trial's rule, or
+    the search (by the percentile on probe_seconds probes; with early_stopping, then certified
+    by MLPerf's rule on certify_seconds runs)."""
+    bound_s = inf.latency_bound_ms / 1e3 if inf.latency_bound_ms else None
+    tokens_s = inf.token_bounds_s
+    pct = inf.latency_percentile
+
+    def probe(rate: float, sequence: int = 0, certify: bool = False,
+              rule: bool = False) -> dict[str, Any]:
+        seconds, floor = probe_length(inf, certify)
+        n = server.query_count(rate, seconds, inf.min_queries, floor)
+        gaps = server.unit_gaps(inf.seed, n, sequence)
+        began = time.perf_counter()
+        run = server.run_load(replicas, rate, gaps, bound_s, pct, inf.max_batch_queries,
+                       certify or rule)
+        out = {**server.summarize(run, bound_s, pct, tokens_s, certify or rule),
+               "wall_s": time.perf_counter() - began, "_run": run}
+        say(out, certify, sequence, pct)
+        return out
+
+    if inf.rate_qps is not None:
+        result = probe(inf.rate_qps, rule=inf.early_stopping)
+        return (result if result["passed"] else None), [result]
+    cap = inf.rate_max_qps or 1.5 * capacity_qps
+    return search_rate(probe, min(0.5 * capacity_qps, cap), cap, inf.rate_tolerance_pct,
+                       inf.search_seconds, confirm_runs=inf.confirm_runs,
+                       certify=inf.early_stopping)
