@@ -301,8 +301,9 @@ class InferenceSpec(Strict):
     probe_seconds: float = Field(10.0, gt=0, description="server: length of each rate's run")
     min_queries: int = Field(200, ge=1, description="server: fewest queries a rate's run sends")
     search_seconds: float = Field(
-        600.0, gt=0, description="server: no new rate is tried after this long; the row "
-        "then says server/search_truncated")
+        1800.0, gt=0, description="server: no new rate is tried after this long (the search "
+        "and its certifying runs); the row then says server/search_truncated, its rate the "
+        "best certified so far")
     rate_tolerance_pct: float = Field(
         5.0, gt=0, description="server: the search stops when its bracket is this narrow")
     early_stopping: bool = Field(

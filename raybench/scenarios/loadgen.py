@@ -292,23 +292,26 @@ class TokenDispatch(_Sut):
 
 
 def run(calls: Sequence[Serve], inf: Any, scenario: str, target_qps: float, out_dir: Path,
-        max_batch: int, samples: int) -> dict[str, Any]:
+        max_batch: int, samples: int, min_queries: int | None = None) -> dict[str, Any]:
     """One LoadGen run over the replicas' calls; its log read back (`read_log`), the replica
-    records it collected under `records`. A replica error raises after LoadGen has ended."""
+    records it collected under `records`. A replica error raises after LoadGen has ended.
+    `min_queries`: LoadGen's minimum query count where more than inf.min_queries (the
+    certifying runs' count, when it confirms a certified rate)."""
     lg = load_module()
     sut = Dispatch(lg, calls, max_batch)
-    return {**_drive(lg, sut, samples, settings(lg, inf, scenario, target_qps), out_dir),
-            "records": sut.records}
+    test = settings(lg, inf, scenario, target_qps, min_queries=min_queries)
+    return {**_drive(lg, sut, samples, test, out_dir), "records": sut.records}
 
 
 def run_tokens(replicas: Sequence[Any], inf: Any, scenario: str, target_qps: float,
-               out_dir: Path, sizes: Any, prompt: Callable[[int, int], list[int]]
-               ) -> dict[str, Any]:
+               out_dir: Path, sizes: Any, prompt: Callable[[int, int], list[int]],
+               min_queries: int | None = None) -> dict[str, Any]:
     """One LoadGen run in its token-latency mode over LLM engine replicas (sample k asks for
-    sizes[k]'s lengths); its log read back. An engine error raises after LoadGen ended."""
+    sizes[k]'s lengths); its log read back. An engine error raises after LoadGen ended.
+    `min_queries` as for `run`."""
     lg = load_module()
-    return _drive(lg, TokenDispatch(lg, replicas, sizes, prompt), len(sizes),
-                  settings(lg, inf, scenario, target_qps, tokens=True), out_dir)
+    test = settings(lg, inf, scenario, target_qps, tokens=True, min_queries=min_queries)
+    return _drive(lg, TokenDispatch(lg, replicas, sizes, prompt), len(sizes), test, out_dir)
 
 
 def _drive(lg: Any, sut: _Sut, samples: int, test_settings: Any, out_dir: Path
@@ -349,9 +352,11 @@ def _log_settings(lg: Any, out_dir: Path) -> Any:
     return log_settings
 
 
-def settings(lg: Any, inf: Any, scenario: str, target_qps: float, tokens: bool = False) -> Any:
+def settings(lg: Any, inf: Any, scenario: str, target_qps: float, tokens: bool = False,
+             min_queries: int | None = None) -> Any:
     """LoadGen's TestSettings from the trial's `inference` section; `tokens` (a token
-    workload): LoadGen's token-latency mode, judging ttft_bound_ms and tpot_bound_ms."""
+    workload): LoadGen's token-latency mode, judging ttft_bound_ms and tpot_bound_ms;
+    `min_queries`: a minimum query count above inf.min_queries."""
     s = lg.TestSettings()
     s.mode = lg.TestMode.PerformanceOnly
     if tokens:
@@ -369,7 +374,7 @@ def settings(lg: Any, inf: Any, scenario: str, target_qps: float, tokens: bool =
         s.scenario = lg.TestScenario.Offline
         s.offline_expected_qps = target_qps
     s.min_duration_ms = int(inf.loadgen_seconds * 1000)
-    s.min_query_count = inf.min_queries
+    s.min_query_count = max(inf.min_queries, min_queries or 0)
     s.qsl_rng_seed = s.sample_index_rng_seed = s.schedule_rng_seed = inf.seed
     return s
 

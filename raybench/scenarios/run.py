@@ -238,8 +238,10 @@ def _serve(trial: TrialSpec, calls: list[dispatch.Serve], stats: list[dict[str, 
     best, probes = rate_search.run_search(calls, inf, capacity)
     confirmed = None
     if inf.loadgen and best is not None:  # as a submitter works: the rate found, confirmed
+        # as many queries as the certifying runs sent: at a rate certified by those, a shorter
+        # run (LoadGen's minimum duration at a low rate) might not be certifiable at all
         confirmed = loadgen.run(calls, inf, "server", best["rate_qps"], folder,
-                                inf.max_batch_queries, QUERY_POOL)
+                                inf.max_batch_queries, QUERY_POOL, min_queries=best["queries"])
     outcome = server_outcome(trial, best, probes, stats_of(), capacity)
     if confirmed is not None:
         outcome.metrics.update(loadgen.columns(confirmed, shown))

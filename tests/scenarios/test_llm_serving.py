@@ -207,6 +207,7 @@ def test_the_server_search_finds_the_known_ttft_limit_under_mlperfs_rule():
     at_found = [p["sequence"] for p in probes
                 if p["confirming"] and p["rate_qps"] == round(m["server/rate_qps"], 4)]
     assert sorted(at_found) == [0, 1, 2]
+    assert {p["queries"] for p in probes if p["confirming"]} == {459}  # every certifying run
     assert any(not p["passed"] and p["rate_qps"] <= known * 1.15 for p in probes)
 
 

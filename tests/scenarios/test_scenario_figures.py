@@ -123,6 +123,21 @@ def test_the_rate_bracketed_by_the_percentile_is_certified_by_the_rule_on_every_
     assert len([1 for _, k, c in seen if c]) <= 3 * (own + 1)
 
 
+def test_every_certifying_run_sends_as_many_queries_as_the_first():
+    """A search probe sends probe_seconds of queries at its rate; the certifying runs all send
+    what the first (at the search's answer) did, certify_seconds of queries there and at least
+    the 459 that can certify p99: fixed, a run's verdict only worsens as the rate rises."""
+    inf = trial(scenario="server", latency_bound_ms=30.0, probe_seconds=10.0,
+                certify_seconds=60.0, min_queries=200).inference
+    length = rate_search.RunLength(inf)
+    assert length(50.0, False) == 500 and length(10.0, False) == 200
+    assert length(25.0, True) == 1500  # the first: 60 s at 25 queries/s
+    assert length(12.0, True) == length(40.0, True) == 1500
+    short = rate_search.RunLength(trial(scenario="server", latency_bound_ms=30.0,
+                                        certify_seconds=1.0).inference)
+    assert short(25.0, True) == 459 and short(100.0, True) == 459
+
+
 def test_an_answer_no_fresh_sequence_confirms_is_not_reported():
     seen = []
     best, probes = rate_search.search_rate(limits_probe({0: 40.0, 1: 1.0, 2: 40.0}, seen), 50.0,

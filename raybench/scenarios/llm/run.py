@@ -192,8 +192,10 @@ def _scenario(trial: TrialSpec, replicas: list[load.Replica], measure, stats_of,
         rate = (metrics["server/rate_qps"] if inf.scenario == "server"
                 else metrics["serve/requests_per_s"])
         folder, shown = loadgen.log_folder(trial.key, artifacts)
+        queries = metrics.get("server/queries") if inf.scenario == "server" else None
         log = loadgen.run_tokens(replicas, inf, inf.scenario, rate, folder,
-                                 lengths.requests(inf, max(inf.min_queries, 64)), prompt)
+                                 lengths.requests(inf, max(inf.min_queries, 64)), prompt,
+                                 min_queries=queries)
         metrics.update(loadgen.columns(log, shown))
     return TrialOutcome(status="ok", metrics=metrics, records=[_kept(records)], ranks=stats)
 
@@ -206,14 +208,14 @@ def _server(trial: TrialSpec, capacity: float, go: Any, prompt: Any
     ttft, tpot = inf.token_bounds_s
     count = [0]
 
+    length = rate_search.RunLength(inf)
+
     def probe(rate: float, sequence: int = 0, certify: bool = False,
               rule: bool = False) -> dict[str, Any]:
         # a search probe judged by the percentile; a certifying run (or, with `rule`, a
         # fixed-rate run) by MLPerf's rule (scenarios/server.py)
         count[0] += 1
-        seconds, floor = rate_search.probe_length(inf, certify)
-        n = server.query_count(rate, seconds, inf.min_queries, floor)
-        gaps = server.unit_gaps(inf.seed, n, sequence)
+        gaps = server.unit_gaps(inf.seed, length(rate, certify), sequence)
         spec = load.Load(len(gaps), lengths.requests(inf, len(gaps)), prompt,
                          arrivals=np.cumsum(gaps) / rate, ttft_bound_s=ttft,
                          percentile=inf.latency_percentile, early_stopping=certify or rule,
