@@ -36,6 +36,7 @@ from raybench.validate.verdict import LEVELS, Margins, MarginsError, Verdict, ju
 SUITE = "v1"
 RESULTS = "results"  # the suite's sweeps set no output.root: the default one
 SUITES = Path(__file__).parent / "suites" / SUITE
+LAUNCH = "execution."  # the keys `--set` may change in every probe
 EXIT_FAILED = 1
 
 
@@ -46,6 +47,14 @@ def main(argv: list[str] | None = None, prog: str = "python -m raybench.validate
         margins = load_margins(args.margins)
     except MarginsError as e:
         print(f"raybench: {e}", file=sys.stderr)
+        return cli.EXIT_INVALID
+    foreign = [x for x in args.set if not x.startswith(LAUNCH)]
+    if foreign:
+        print(f"raybench: --set {foreign[0]}: validate's probes are its suite's ({SUITE}), so "
+              "that two validations of a machine measure the same; only how they launch may "
+              f"change. Fix: set {LAUNCH}* keys only (execution.start_timeout_s, "
+              "execution.max_retries, execution.trial_timeout_s), or run the probe's sweep "
+              f"file itself ({SUITES}) with python -m raybench.sweep", file=sys.stderr)
         return cli.EXIT_INVALID
 
     with console.held():  # stdout for the verdict's JSON line alone (console.py)
@@ -81,7 +90,7 @@ def _validate(args: argparse.Namespace, margins: Margins) -> int:
         # --output DIR: the runs in DIR, their history DIR's; else each where a sweep of its
         # own would be, in the results root whose history later sweeps read (results/peaks.py)
         run = out / path.stem if args.output else Path(RESULTS) / f"validate_{path.stem}" / stamp
-        runs[path.stem] = _run(path, sets, run, args.address)
+        runs[path.stem] = _run(path, [*sets, *args.set], run, args.address)
     rows = _rows(runs)
     facts = _facts(runs)
     gpu_v, node_v = judge(facts, rows, margins, args.expect_gpus)
@@ -214,4 +223,8 @@ def _parser(prog: str) -> argparse.ArgumentParser:
                    help="GPUs every node must have; another count fails")
     p.add_argument("--margins", metavar="FILE",
                    help="YAML file of the verdict's margins (verdict.Margins)")
+    p.add_argument("--set", action="append", default=[], metavar="execution.KEY=VALUE",
+                   help="how every probe launches, as for the sweep (execution.start_timeout_s"
+                   "=120 where workers take minutes to start); the probes themselves are the "
+                   "suite's")
     return p

@@ -481,6 +481,28 @@ def test_a_port_that_answers_but_is_no_ray_is_named(capsys, monkeypatch):
     assert "the port accepts connections" in err and "Fix:" in err, err
 
 
+def test_validate_sets_how_its_probes_launch_and_nothing_else(tmp_path, monkeypatch, capsys):
+    """`validate --set execution.start_timeout_s=120` reaches every probe's sweep after the
+    suite's own settings; a key of the probes themselves is refused (exit 2, the key and the
+    fix) before any Ray starts: two validations of a machine measure the same."""
+    from raybench.validate import command
+
+    connected, argvs = [], []
+    monkeypatch.setattr(command.cluster, "connect", lambda a: connected.append(a) or False)
+    monkeypatch.setattr(command.cluster, "nodes", lambda: [{"CPU": 2.0, "node:10.0.0.1": 1.0}])
+    monkeypatch.setattr(command.sweep, "main", lambda argv: argvs.append(argv) or 143)
+    assert command.main(["--set", "workload.size=8", "--output", str(tmp_path / "v")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--set workload.size=8" in err and "Fix:" in err and "execution." in err
+    assert connected == [] and argvs == []
+    assert command.main(["--set", "execution.start_timeout_s=120",
+                         "--output", str(tmp_path / "v")]) == 143  # the first probe's sweep
+    (argv,) = argvs
+    assert argv[0].endswith("matmul.yaml")
+    assert argv[-4:] == ["--set", "grid.node=['10.0.0.1']", "--set",
+                         "execution.start_timeout_s=120"]
+
+
 def test_validate_stopped_by_a_signal_ends_as_a_sweep_does(tmp_path, monkeypatch, capsys):
     """SIGTERM while a probe's sweep ran: that sweep returns 143 with its rows whole; validate
     ended with a RuntimeError traceback, and now says so in one line with the same code
