@@ -224,7 +224,5 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--margins", metavar="FILE",
                    help="YAML file of the verdict's margins (verdict.Margins)")
     p.add_argument("--set", action="append", default=[], metavar="execution.KEY=VALUE",
-                   help="how every probe launches, as for the sweep (execution.start_timeout_s"
-                   "=120 where workers take minutes to start); the probes themselves are the "
-                   "suite's")
+                   help="how every probe launches (e.g. start_timeout_s=120)")
     return p

@@ -175,15 +175,19 @@ def ttft_limit(gaps, slots, service, prefill, bound, pct=99.0, rule="percentile"
 @pytest.mark.serial  # rates and latencies against known sleeps: alone
 def test_the_server_search_finds_the_known_ttft_limit_under_mlperfs_rule():
     """One replica of 3 slots, 3 ms to the first token, 1 ms per token, 5 tokens (7 ms a
-    request), TTFT bound 20 ms at p99 by MLPerf's rule: the search brackets the rate on 200
-    requests by the percentile, then the rate must pass certifying runs of the 459 requests
-    that can be certified with none late, on its arrival sequence and two fresh ones. The known answer: the lowest over the three sequences of the rate at which
-    the same FIFO queue on that sequence's arrivals is certified. The percentile alone would
-    allow a higher rate (the test's premise), so a search judging it alone lands above the
-    known answer and fails here; TPOT stays 1 ms."""
+    request), TTFT bound 20 ms at p99 by MLPerf's rule. The search brackets the rate by the
+    percentile on probes of 459 requests (LoadGen's rank lets 4 of them, about 1%, be late),
+    then the rate must pass certifying runs of as many requests with none late (early
+    stopping's allowance at 459), on its arrival sequence and two fresh ones. The known
+    answer: the lowest over the three sequences of the rate at which the same FIFO queue on
+    that sequence's arrivals is certified; by the percentile alone the queue allows 1.14 times
+    it, so the percentile's bracket fails a certifying run and a lower rate passes (with
+    200-request probes the bracket's limit is within 1% of the known answer, and whether it
+    failed was chance). A search judging the percentile alone lands above the known answer
+    and fails here; TPOT stays 1 ms."""
     (t,) = trials({"name": "fixed_tokens", "slots": 3, "prefill_ms": 3.0, "token_ms": 1.0},
                   scenario="server", input_tokens=8, output_tokens=5, ttft_bound_ms=20.0,
-                  tpot_bound_ms=5.0, probe_seconds=0.1, certify_seconds=0.1, min_queries=200,
+                  tpot_bound_ms=5.0, probe_seconds=0.1, certify_seconds=0.1, min_queries=459,
                   rate_tolerance_pct=5.0)
     service, prefill = _known(t)
     n = mlperf.queries_needed(0, 99.0)
@@ -208,8 +212,8 @@ def test_the_server_search_finds_the_known_ttft_limit_under_mlperfs_rule():
                 if p["confirming"] and p["rate_qps"] == round(m["server/rate_qps"], 4)]
     assert sorted(at_found) == [0, 1, 2]
     assert {p["queries"] for p in probes if p["confirming"]} == {459}  # every certifying run
-    # the search's answer by the percentile (200 requests, none or one late) failed its
-    # certifying run of 459, and a lower rate passed: the rule, not the percentile, decided
+    # the search's answer by the percentile (459 requests, up to 4 late) failed a certifying
+    # run of 459, and a lower rate passed: the rule, not the percentile, decided
     bracket = max(p["rate_qps"] for p in probes if not p["confirming"] and p["passed"])
     assert any(p["confirming"] and not p["passed"] and p["rate_qps"] == bracket for p in probes)
     assert m["server/rate_qps"] < bracket
