@@ -310,13 +310,18 @@ class InferenceSpec(Strict):
         True, description="server: MLPerf's rule decides the rate: the search brackets it by "
         "the percentile on probe_seconds probes, then it must pass runs of certify_seconds in "
         "which LoadGen's early stopping certifies each percentile judged, on the search's "
-        "arrival sequence and confirm_runs fresh ones, a rate_tolerance_pct lower wherever one "
-        "fails; a fixed rate_qps run is judged by the same rule. false: the percentile alone, "
+        "arrival sequence and confirm_runs fresh ones, stepping down by certify_tolerance_pct "
+        "wherever one fails; a fixed rate_qps run is judged by the same rule. false: the percentile alone, "
         "for quick looks (the row says which rule)")
     certify_seconds: float = Field(
         60.0, gt=0, description="server: the length of each certifying run, at least the "
         "queries early stopping can certify (459 at p99): the longer, the nearer the rate to "
         "what MLPerf's own 600 s run certifies, and the less one burst of arrivals decides it")
+    certify_tolerance_pct: float = Field(
+        2.0, gt=0, description="server, early_stopping: the certified rate's step: down from "
+        "the bracket's answer by 1, 2, 4, ... steps until every sequence passes, then bisected "
+        "to this (two searches of a replica differ by about it; each step costs certifying "
+        "runs)")
     confirm_runs: int = Field(
         2, ge=0, description="server: fresh arrival sequences the rate found must also pass; "
         "0: the search's own sequence alone")

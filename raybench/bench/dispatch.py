@@ -6,9 +6,10 @@ sides send Poisson queries through the same dispatcher to a replica that sleeps 
 time; what differs is who schedules and stamps them: raybench's arrival thread and clock, or
 LoadGen's. Each round runs the same search (rate_search.search_rate, by the percentile alone, as
 LoadGen's own rank gives it) with each side's probes, then the same search over the exact FIFO
-queue of raybench's arrivals (the ideal that both approach from below). A round's sides use the
-round's seed for their arrivals, so rounds differ in luck, not the sides' luck within a round
-more than two Poisson sequences do: the medians over rounds are what to compare.
+queue of raybench's arrivals (the ideal that both approach from below). A round's sides replay
+the same arrivals: raybench's first sequence of a seed is LoadGen's own schedule for that seed
+(server.loadgen_gaps), so within a round they differ only in who schedules, stamps and
+dispatches the queries, and rounds differ in luck.
 """
 
 from __future__ import annotations

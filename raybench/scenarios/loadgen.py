@@ -182,6 +182,7 @@ class Dispatch(_Sut):
                  stall_s: float | None = None):
         super().__init__(lg, stall_s)
         self.records: list[dict[str, Any]] = []
+        self.issued: list[float] = []  # perf_counter at each query's receipt
         self.fifo = dispatch.Fifo(calls, max_batch, self._call_ended,
                                   index_of=lambda item: item[1])
 
@@ -195,6 +196,7 @@ class Dispatch(_Sut):
             None, self.fifo.stop, 0.5 if self.errors else 5.0)
 
     def issue(self, samples: list[Any]) -> None:
+        self.issued.extend([time.perf_counter()] * len(samples))
         items = [(s.id, s.index) for s in samples]
         self._hand_over(items, {qid: qid for qid, _ in items})
 
@@ -294,13 +296,15 @@ class TokenDispatch(_Sut):
 def run(calls: Sequence[Serve], inf: Any, scenario: str, target_qps: float, out_dir: Path,
         max_batch: int, samples: int, min_queries: int | None = None) -> dict[str, Any]:
     """One LoadGen run over the replicas' calls; its log read back (`read_log`), the replica
-    records it collected under `records`. A replica error raises after LoadGen has ended.
+    records it collected under `records`, each query's receipt time (perf_counter) under
+    `issued_s`. A replica error raises after LoadGen has ended.
     `min_queries`: LoadGen's minimum query count where more than inf.min_queries (the
     certifying runs' count, when it confirms a certified rate)."""
     lg = load_module()
     sut = Dispatch(lg, calls, max_batch)
     test = settings(lg, inf, scenario, target_qps, min_queries=min_queries)
-    return {**_drive(lg, sut, samples, test, out_dir), "records": sut.records}
+    return {**_drive(lg, sut, samples, test, out_dir), "records": sut.records,
+            "issued_s": sut.issued}
 
 
 def run_tokens(replicas: Sequence[Any], inf: Any, scenario: str, target_qps: float,

@@ -5,10 +5,11 @@ Owns the search, not a rate's run (server.py: arrivals, load, summary) nor the r
 then certifies it on longer runs (certify_seconds, at least the 459 queries that can certify
 p99) by MLPerf's rule, on its own arrival sequence and on fresh ones, a tolerance lower
 wherever one fails, as a submitter confirms before a run. A run's certified limit is its
-sequence's luck as much as the replica's (a 10 ms replica's 30 ms bound: 26.6, 17.8 and 29.5
-queries/s on three sequences of 1,487 queries, docs/journal/2026-12.md): the rate that passes
-k sequences passes a fresh run of the same length (LoadGen's) with odds of about k/(k+1), the
-sequences' limits being exchangeable draws. The longer the runs, the nearer the rate to what
+sequence's luck as much as the replica's (a 10.2 ms queue under a 30 ms bound: 26.6, 18.2 and
+27.7 queries/s on three sequences of 2,000 queries, docs/journal/2026-12.md): the rate that
+passes k sequences passes a fresh run of the same length with odds of about k/(k+1), the
+sequences' limits being exchangeable draws. The search's own sequence is LoadGen's schedule
+of the seed (server.loadgen_gaps), so LoadGen's confirming run replays its arrivals. The longer the runs, the nearer the rate to what
 MLPerf's 600 s run certifies. `early_stopping: false` judges the
 percentile alone, for quick looks. Pure over its probe and clock but for a log line a run.
 """
@@ -28,19 +29,32 @@ log = logging.getLogger(__name__)
 
 MAX_PROBES = 16
 # Rates tried below the search's answer while a certifying or confirming run fails it (down by
-# 1, 2, 4, 8 tolerance steps, then bisected); an answer still unconfirmed after them is not
-# reported.
-MAX_CONFIRM_STEPS = 8
+# 1, 2, 4, ... steps, then bisected to a step); an answer still unconfirmed after them is not
+# reported. Twelve: 2% steps reach a third of the answer in six rates and bisect back to one
+# step in five more (a 5 ms replica's bracket, 48.9 queries/s, certified near 31: with eight
+# the search ended two bisections short, 8% wide).
+MAX_CONFIRM_STEPS = 12
 # Below start / 2**HALVINGS the bound is out of reach: each halving doubles a probe's length
 # (a probe sends at least min_queries), so going lower costs minutes and says nothing new.
 HALVINGS = 5
 
 
+def standard_count(n: float) -> int:
+    """n rounded to the nearest (on a log scale) of 1, 2 or 5 x 10^k: 1,000 for 800-1,410,
+    2,000 for 1,420-3,160. The certifying runs' length comes from the bracket's answer, which
+    moves a few percent from one search to the next; rounded, the searches of a replica run
+    the same arrival sequences, which decide its certified rate (a 2.5 ms replica's two
+    searches certified on 987 and 1,458 queries found 48.9 and 52.6 queries/s)."""
+    k = math.floor(math.log10(n))
+    return min((m * 10**k for m in (1, 2, 5, 10)), key=lambda c: abs(math.log(c / n)))
+
+
 class RunLength:
     """How many queries a run sends: a search probe (or a fixed-rate run) probe_seconds of
     them, at least min_queries; every certifying run as many as the first, which is at the
-    search's answer: certify_seconds of queries at that rate, at least the fewest early
-    stopping can certify (459 at p99). So fixed, a certifying run's verdict only worsens as the
+    search's answer: certify_seconds of queries at that rate rounded to a standard count
+    (standard_count), at least min_queries and the fewest early stopping can certify (459 at
+    p99). So fixed, a certifying run's verdict only worsens as the
     rate rises (the same arrivals, closer together). Grown with the rate, a longer run at a
     higher rate allowed more late queries: on a 10 ms replica 17.6 queries/s (1,058 queries)
     passed where 12.4 (747) had failed, and the search stepped down past both."""
@@ -54,9 +68,9 @@ class RunLength:
         if not certify:
             return server.query_count(rate, inf.probe_seconds, inf.min_queries)
         if self.certifying is None:
-            self.certifying = server.query_count(
-                rate, inf.certify_seconds, inf.min_queries,
-                mlperf.queries_needed(0, inf.latency_percentile))
+            self.certifying = max(standard_count(rate * inf.certify_seconds),
+                                  inf.min_queries,
+                                  mlperf.queries_needed(0, inf.latency_percentile))
         return self.certifying
 
 
@@ -87,13 +101,16 @@ def rule_columns(inf: Any, probes: list[dict[str, Any]]) -> dict[str, Any]:
 def search_rate(probe: Callable[..., dict[str, Any]], start: float, cap: float,
                 tolerance_pct: float, budget_s: float = math.inf,
                 clock: Callable[[], float] = time.monotonic, confirm_runs: int = 0,
-                certify: bool = False) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+                certify: bool = False, certify_tolerance_pct: float | None = None,
+                ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """Highest passing rate: double from `start` (halve if it fails) until the verdict changes,
     then bisect until the bracket is within `tolerance_pct` (`probe(rate)`). Then, with
     `certify`, the rate found must pass a certifying run (`probe(rate, k, certify=True)`) on
     the search's arrival sequence (k = 0) and on `confirm_runs` fresh ones (k = 1, 2, ...);
     without, the search's own probe stands for k = 0 and the fresh sequences are probed as the
-    search's were. Wherever one fails the rate goes a tolerance lower and all are run again.
+    search's were. Wherever one fails the rate goes a tolerance lower and all are run again;
+    certifying runs step by `certify_tolerance_pct` where given (finer than the bracket's: the
+    answer is the certified rate, so its step is what two searches can differ by).
     Returns the probe shown for the answer (the search's sequence's; None: even the lowest
     rate tried failed, or no rate was confirmed) and every probe in order, each confirming
     one marked with its `sequence`; no new probe starts after `budget_s` (the last probe then
@@ -131,7 +148,8 @@ def search_rate(probe: Callable[..., dict[str, Any]], start: float, cap: float,
                 break
     if best is None or (confirm_runs <= 0 and not certify):
         return best, probes
-    confirm = _Confirm(probe, probes, confirm_runs, tolerance_pct, out_of_time, certify)
+    step = certify_tolerance_pct if certify and certify_tolerance_pct else tolerance_pct
+    confirm = _Confirm(probe, probes, confirm_runs, step, out_of_time, certify)
     return confirm.run(best), probes
 
 
@@ -225,4 +243,5 @@ def run_search(replicas: Sequence[Serve], inf: Any, capacity_qps: float,
     cap = inf.rate_max_qps or 1.5 * capacity_qps
     return search_rate(probe, min(0.5 * capacity_qps, cap), cap, inf.rate_tolerance_pct,
                        inf.search_seconds, confirm_runs=inf.confirm_runs,
-                       certify=inf.early_stopping)
+                       certify=inf.early_stopping,
+                       certify_tolerance_pct=inf.certify_tolerance_pct)

@@ -141,7 +141,7 @@ def test_the_search_by_mlperfs_rule_lands_under_the_queues_certified_limit(certi
     certifying run early stopping certifies; the search (bracketing by the percentile on 100
     queries, then certifying) lands within a tolerance step under the lowest of them, every
     certifying run of at least 459 queries. At 459 (the shortest certifiable run) none may
-    be late and the sequences' limits spread widely (182, 267 and 257 queries/s: one burst of
+    be late and the sequences' limits spread widely (193, 267 and 257 queries/s: one burst of
     arrivals decides); with 10 s runs (about 2,000 queries, 9 late allowed) they lie nearer
     one another."""
     service, bound = 0.0022, 0.010
@@ -157,8 +157,8 @@ def test_the_search_by_mlperfs_rule_lands_under_the_queues_certified_limit(certi
     assert min(n for _, _, c, n in seen if c) >= 459
     assert {k for r, k, c, _ in seen if c and r == best["rate_qps"]} == {0, 1, 2}
     if certify_s < 1:  # 459 queries
-        assert [round(x) for x in limits] == [182, 267, 257]
+        assert [round(x) for x in limits] == [193, 267, 257]
     else:
-        # 244, 222 and 192: one burst no longer decides a sequence alone
+        # 247, 222 and 192: one burst no longer decides a sequence alone
         short = [certified_limit(md1_probe(service, bound, 0.1, []), k) for k in range(3)]
         assert max(limits) / min(limits) < max(short) / min(short)

@@ -126,13 +126,20 @@ def test_the_rate_bracketed_by_the_percentile_is_certified_by_the_rule_on_every_
 def test_every_certifying_run_sends_as_many_queries_as_the_first():
     """A search probe sends probe_seconds of queries at its rate; the certifying runs all send
     what the first (at the search's answer) did, certify_seconds of queries there and at least
-    the 459 that can certify p99: fixed, a run's verdict only worsens as the rate rises."""
+    the 459 that can certify p99, rounded to 1, 2 or 5 x 10^k queries (so two searches
+    whose answers differ a little run the same sequences): fixed, a run's verdict only
+    worsens as the rate rises."""
     inf = trial(scenario="server", latency_bound_ms=30.0, probe_seconds=10.0,
                 certify_seconds=60.0, min_queries=200).inference
     length = rate_search.RunLength(inf)
     assert length(50.0, False) == 500 and length(10.0, False) == 200
-    assert length(25.0, True) == 1500  # the first: 60 s at 25 queries/s
-    assert length(12.0, True) == length(40.0, True) == 1500
+    assert length(25.0, True) == 2000  # the first: 60 s at 25 queries/s, 1,500, rounded
+    assert length(12.0, True) == length(40.0, True) == 2000
+    for rate in (24.0, 30.0, 50.0):  # 1,440-3,000 queries: one length
+        assert rate_search.RunLength(inf)(rate, True) == 2000
+    assert rate_search.RunLength(inf)(13.0, True) == 1000  # 780
+    assert [rate_search.standard_count(n) for n in (1, 3.1, 3.2, 7.0, 7.1, 459, 9999)] == [
+        1, 2, 5, 5, 10, 500, 10000]
     short = rate_search.RunLength(trial(scenario="server", latency_bound_ms=30.0,
                                         certify_seconds=1.0).inference)
     assert short(25.0, True) == 459 and short(100.0, True) == 459
@@ -140,10 +147,11 @@ def test_every_certifying_run_sends_as_many_queries_as_the_first():
 
 def test_an_answer_no_fresh_sequence_confirms_is_not_reported():
     seen = []
-    best, probes = rate_search.search_rate(limits_probe({0: 40.0, 1: 1.0, 2: 40.0}, seen), 50.0,
+    best, probes = rate_search.search_rate(limits_probe({0: 40.0, 1: 0.0, 2: 40.0}, seen), 50.0,
                                       1000.0, 2.0, confirm_runs=2, certify=True)
     assert best is None
-    assert len({r for r, _, c in seen if c}) == rate_search.MAX_CONFIRM_STEPS
+    assert len({p["rate_qps"] for p in probes if p.get("confirming")}) == (
+        rate_search.MAX_CONFIRM_STEPS)
     # without confirmation the search's answer is its own sequence's
     best, _ = rate_search.search_rate(limits_probe({0: 40.0}, []), 50.0, 1000.0, 2.0)
     assert 40.0 / 1.02 <= best["rate_qps"] <= 40.0

@@ -238,7 +238,8 @@ def _server(trial: TrialSpec, capacity: float, go: Any, prompt: Any
         best, probes = rate_search.search_rate(probe, min(0.5 * capacity, cap), cap,
                                           inf.rate_tolerance_pct, inf.search_seconds,
                                           confirm_runs=inf.confirm_runs,
-                                          certify=inf.early_stopping)
+                                          certify=inf.early_stopping,
+                                          certify_tolerance_pct=inf.certify_tolerance_pct)
     shown = best or probes[-1]
     return (shown["_run"], shown["_windows"],
             _server_columns(trial, best, probes, shown, capacity))
