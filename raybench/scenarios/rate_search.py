@@ -9,9 +9,10 @@ sequence's luck as much as the replica's (a 10.2 ms queue under a 30 ms bound: 2
 27.7 queries/s on three sequences of 2,000 queries, docs/journal/2026-12.md): the rate that
 passes k sequences passes a fresh run of the same length with odds of about k/(k+1), the
 sequences' limits being exchangeable draws. The search's own sequence is LoadGen's schedule
-of the seed (server.loadgen_gaps), so LoadGen's confirming run replays its arrivals. The longer the runs, the nearer the rate to what
-MLPerf's 600 s run certifies. `early_stopping: false` judges the
-percentile alone, for quick looks. Pure over its probe and clock but for a log line a run.
+of the seed (server.loadgen_gaps), so LoadGen's confirming run replays its arrivals. The
+longer the runs, the nearer the rate to what MLPerf's 600 s run certifies. `early_stopping:
+false` judges the percentile alone, for quick looks. Pure over its probe and clock but for a
+log line a run.
 """
 
 from __future__ import annotations
@@ -29,11 +30,18 @@ log = logging.getLogger(__name__)
 
 MAX_PROBES = 16
 # Rates tried below the search's answer while a certifying or confirming run fails it (down by
-# 1, 2, 4, ... steps, then bisected to a step); an answer still unconfirmed after them is not
-# reported. Twelve: 2% steps reach a third of the answer in six rates and bisect back to one
-# step in five more (a 5 ms replica's bracket, 48.9 queries/s, certified near 31: with eight
+# 1, 2, 4, 8, 8, ... steps, then bisected to a step); an answer still unconfirmed after them is
+# not reported. Twelve: 2% steps reach half the answer in seven rates and bisect back to one
+# step in three more (a 5 ms replica's bracket, 48.9 queries/s, certified near 31: with eight
 # the search ended two bisections short, 8% wide).
 MAX_CONFIRM_STEPS = 12
+# The longest step down, in steps: a failing run stops at its first late query too many and
+# costs little, a passing one runs to its end, and the lower its rate the longer (doubling on,
+# a 5 ms replica's search stepped from 37.7 queries/s, failed, to 20.0 and spent 50 s a
+# sequence there, where the limit was near 34)
+MAX_JUMP = 8
+# Runs at a margin under the highest certified rate before the search gives no answer
+MARGIN_TRIES = 2
 # Below start / 2**HALVINGS the bound is out of reach: each halving doubles a probe's length
 # (a probe sends at least min_queries), so going lower costs minutes and says nothing new.
 HALVINGS = 5
@@ -90,19 +98,22 @@ def rule_columns(inf: Any, probes: list[dict[str, Any]]) -> dict[str, Any]:
     step-down is a confirming run on the search's own sequence after the first (with
     certification) or after the search (without)."""
     searching = inf.rate_qps is None
-    own = sum(1 for p in probes if p.get("confirming") and not p.get("sequence"))
+    own = sum(1 for p in probes
+              if p.get("confirming") and not p.get("sequence") and not p.get("margin"))
     return {"server/rule": "mlperf" if inf.early_stopping else "percentile",
             "server/confirm_runs": inf.confirm_runs if searching else 0,
             "server/certify_s": inf.certify_seconds if searching and inf.early_stopping
             else None,
-            "server/confirm_steps": max(0, own - bool(inf.early_stopping)) if searching else 0}
+            "server/confirm_steps": max(0, own - bool(inf.early_stopping)) if searching else 0,
+            "server/margin_pct": inf.rate_margin_pct if searching and inf.early_stopping
+            else None}
 
 
 def search_rate(probe: Callable[..., dict[str, Any]], start: float, cap: float,
                 tolerance_pct: float, budget_s: float = math.inf,
                 clock: Callable[[], float] = time.monotonic, confirm_runs: int = 0,
                 certify: bool = False, certify_tolerance_pct: float | None = None,
-                ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+                margin_pct: float = 0.0) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """Highest passing rate: double from `start` (halve if it fails) until the verdict changes,
     then bisect until the bracket is within `tolerance_pct` (`probe(rate)`). Then, with
     `certify`, the rate found must pass a certifying run (`probe(rate, k, certify=True)`) on
@@ -110,7 +121,9 @@ def search_rate(probe: Callable[..., dict[str, Any]], start: float, cap: float,
     without, the search's own probe stands for k = 0 and the fresh sequences are probed as the
     search's were. Wherever one fails the rate goes a tolerance lower and all are run again;
     certifying runs step by `certify_tolerance_pct` where given (finer than the bracket's: the
-    answer is the certified rate, so its step is what two searches can differ by).
+    answer is the certified rate, so its step is what two searches can differ by). With
+    `certify` and `margin_pct`, the answer is that far under the highest rate certified, where
+    the search's sequence passes once more (_Confirm._inside).
     Returns the probe shown for the answer (the search's sequence's; None: even the lowest
     rate tried failed, or no rate was confirmed) and every probe in order, each confirming
     one marked with its `sequence`; no new probe starts after `budget_s` (the last probe then
@@ -149,22 +162,24 @@ def search_rate(probe: Callable[..., dict[str, Any]], start: float, cap: float,
     if best is None or (confirm_runs <= 0 and not certify):
         return best, probes
     step = certify_tolerance_pct if certify and certify_tolerance_pct else tolerance_pct
-    confirm = _Confirm(probe, probes, confirm_runs, step, out_of_time, certify)
+    confirm = _Confirm(probe, probes, confirm_runs, step, out_of_time, certify,
+                       margin_pct if certify else 0.0)
     return confirm.run(best), probes
 
 
 class _Confirm:
     """The search's answer on the arrival sequences that confirm it (search_rate): the
     highest rate at most the answer that passes on every sequence, as every sequence's
-    verdict only worsens with the rate. Down from the answer by 1, 2, 4, ... tolerance steps
-    until one passes, then bisected to the tolerance; the sequence that failed last is run
+    verdict only worsens with the rate. Down from the answer by 1, 2, 4, 8, 8, ... tolerance
+    steps until one passes, then bisected to the tolerance; the sequence that failed last is run
     first at the next rate. At most MAX_CONFIRM_STEPS rates, within the time budget; every
     probe it runs appended to `probes`."""
 
     def __init__(self, probe: Callable[..., dict[str, Any]], probes: list[dict[str, Any]],
                  runs: int, tolerance_pct: float, out_of_time: Callable[[], bool],
-                 certify: bool):
+                 certify: bool, margin_pct: float = 0.0):
         self.probe, self.probes, self.runs = probe, probes, runs
+        self.margin = margin_pct / 100
         self.step, self.out_of_time, self.certify = 1 + tolerance_pct / 100, out_of_time, certify
         self.order = list(range(runs + 1))
 
@@ -209,10 +224,29 @@ class _Confirm:
             if passing and (failing is None or failing / passing[0] <= self.step):
                 break
             if passing is None:
-                rate, jump = rate / self.step**jump, jump * 2
+                rate, jump = rate / self.step**jump, min(jump * 2, MAX_JUMP)
             else:
                 rate = math.sqrt(passing[0] * failing)
-        return passing[1] if passing else None
+        if passing is None or not self.margin:
+            return passing[1] if passing else None
+        return self._inside(passing)
+
+    def _inside(self, passing: tuple[float, dict[str, Any]]) -> dict[str, Any] | None:
+        """The answer `margin` under the highest rate every sequence passed, its run on the
+        search's sequence passing there too (the others pass a lower rate as they passed the
+        higher one); a margin lower once more where that run fails (the replica's time moved
+        between runs), else no answer. Its probe says the highest certified rate."""
+        rate = passing[0]
+        for _ in range(MARGIN_TRIES):
+            rate /= 1 + self.margin
+            if self.out_of_time():
+                return None
+            shown = self._one(rate, 0)
+            shown["margin"] = True
+            if shown["passed"]:
+                shown["certified_qps"] = passing[0]
+                return shown
+        return None
 
 
 def run_search(replicas: Sequence[Serve], inf: Any, capacity_qps: float,
@@ -244,4 +278,5 @@ def run_search(replicas: Sequence[Serve], inf: Any, capacity_qps: float,
     return search_rate(probe, min(0.5 * capacity_qps, cap), cap, inf.rate_tolerance_pct,
                        inf.search_seconds, confirm_runs=inf.confirm_runs,
                        certify=inf.early_stopping,
-                       certify_tolerance_pct=inf.certify_tolerance_pct)
+                       certify_tolerance_pct=inf.certify_tolerance_pct,
+                       margin_pct=inf.rate_margin_pct)

@@ -97,7 +97,7 @@ def test_the_rate_found_is_confirmed_on_fresh_sequences_and_lowered_where_one_fa
     quick = trial(scenario="server", latency_bound_ms=30.0, early_stopping=False).inference
     assert rate_search.rule_columns(quick, probes) == {
         "server/rule": "percentile", "server/confirm_runs": 2, "server/certify_s": None,
-        "server/confirm_steps": steps}
+        "server/confirm_steps": steps, "server/margin_pct": None}
 
 
 def test_the_rate_bracketed_by_the_percentile_is_certified_by_the_rule_on_every_sequence():
@@ -116,7 +116,7 @@ def test_the_rate_bracketed_by_the_percentile_is_certified_by_the_rule_on_every_
     own = sum(1 for p in probes if p.get("confirming") and not p["sequence"])
     cols = rate_search.rule_columns(trial(scenario="server", latency_bound_ms=30.0).inference, probes)
     assert cols == {"server/rule": "mlperf", "server/confirm_runs": 2, "server/certify_s": 60.0,
-                    "server/confirm_steps": own - 1}
+                    "server/confirm_steps": own - 1, "server/margin_pct": 5.0}
     assert 3 <= own - 1 <= rate_search.MAX_CONFIRM_STEPS  # 45 -> 36: 1, 2, 4, 8 steps, bisected
     # the sequence that failed last is run first at the next rate: no rate runs sequence 1
     # after another sequence has failed there
@@ -446,3 +446,29 @@ def test_replicas_warm_every_call_size_the_scenario_will_send(monkeypatch):
     r = Replica(trial(scenario="offline", samples=18, warmup_batches=1))
     assert r._other_call_sizes() == [2] and calls == [4, 4, 2]
     assert Replica(trial(scenario="offline", samples=16))._other_call_sizes() == []
+
+
+def test_the_rate_reported_sits_a_margin_under_the_highest_certified():
+    """Certified by three sequences (limits 40, 36, 38), the highest rate all pass is within a
+    2% step under 36; with a 5% margin the answer is a twentieth under that, its run on the
+    search's own sequence (LoadGen's schedule) passing there: at the edge itself LoadGen's run
+    on the same arrivals is a coin flip. The probe says the rate it sits under, and the row
+    counts no step-down for it."""
+    seen = []
+    best, probes = rate_search.search_rate(limits_probe({0: 40.0, 1: 36.0, 2: 38.0}, seen), 50.0,
+                                      1000.0, 5.0, confirm_runs=2, certify=True,
+                                      certify_tolerance_pct=2.0, margin_pct=5.0)
+    assert 36.0 / 1.02 <= best["certified_qps"] <= 36.0
+    assert best["rate_qps"] == pytest.approx(best["certified_qps"] / 1.05)
+    assert best["sequence"] == 0 and best["margin"] and best["passed"]
+    assert probes[-1] is best  # the last run: the search's sequence at the margin
+    inf = trial(scenario="server", latency_bound_ms=30.0).inference
+    cols = rate_search.rule_columns(inf, probes)
+    assert cols["server/margin_pct"] == 5.0
+    assert cols["server/confirm_steps"] == sum(
+        1 for p in probes if p.get("confirming") and not p["sequence"]) - 2
+    # without a margin: the edge
+    edge, _ = rate_search.search_rate(limits_probe({0: 40.0, 1: 36.0, 2: 38.0}, []), 50.0,
+                                      1000.0, 5.0, confirm_runs=2, certify=True,
+                                      certify_tolerance_pct=2.0)
+    assert edge["rate_qps"] == best["certified_qps"] and "certified_qps" not in edge

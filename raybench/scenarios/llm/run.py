@@ -239,7 +239,8 @@ def _server(trial: TrialSpec, capacity: float, go: Any, prompt: Any
                                           inf.rate_tolerance_pct, inf.search_seconds,
                                           confirm_runs=inf.confirm_runs,
                                           certify=inf.early_stopping,
-                                          certify_tolerance_pct=inf.certify_tolerance_pct)
+                                          certify_tolerance_pct=inf.certify_tolerance_pct,
+                                          margin_pct=inf.rate_margin_pct)
     shown = best or probes[-1]
     return (shown["_run"], shown["_windows"],
             _server_columns(trial, best, probes, shown, capacity))
@@ -262,6 +263,7 @@ def _server_columns(trial: TrialSpec, best: dict[str, Any] | None,
     inf = trial.inference
     return {
         "server/rate_qps": best["rate_qps"] if best else None,
+        "server/certified_qps": best.get("certified_qps") if best else None,
         "server/met_bound": best is not None,
         "server/latency_percentile": inf.latency_percentile,
         "server/ttft_bound_ms": inf.ttft_bound_ms, "server/tpot_bound_ms": inf.tpot_bound_ms,
@@ -272,6 +274,7 @@ def _server_columns(trial: TrialSpec, best: dict[str, Any] | None,
             {"rate_qps": round(p["rate_qps"], 4), "passed": p["passed"],
              "queries": p["queries"], "stopped_early": p["stopped_early"],
              "sequence": p.get("sequence", 0), "confirming": p.get("confirming", False),
+             "margin": p.get("margin", False),
              **{f"{k}_p{inf.latency_percentile:g}_ms": None if v["percentile_s"] == np.inf
                 else round(v["percentile_s"] * 1e3, 3) for k, v in p["mlperf"].items()},
              "early_stopping": {k: v["early_stopping"] for k, v in p["mlperf"].items()}}
