@@ -40,8 +40,10 @@ MAX_CONFIRM_STEPS = 12
 # a 5 ms replica's search stepped from 37.7 queries/s, failed, to 20.0 and spent 50 s a
 # sequence there, where the limit was near 34)
 MAX_JUMP = 8
-# Runs at a margin under the highest certified rate before the search gives no answer
-MARGIN_TRIES = 2
+# Runs at a margin under the highest certified rate, each a margin lower than the last,
+# before the search gives no answer: at p99 on 459 queries none may be late, and one stall of
+# a busy VM fails a run (a token engine's search once failed two and reported nothing)
+MARGIN_TRIES = 3
 # Below start / 2**HALVINGS the bound is out of reach: each halving doubles a probe's length
 # (a probe sends at least min_queries), so going lower costs minutes and says nothing new.
 HALVINGS = 5
@@ -234,8 +236,9 @@ class _Confirm:
     def _inside(self, passing: tuple[float, dict[str, Any]]) -> dict[str, Any] | None:
         """The answer `margin` under the highest rate every sequence passed, its run on the
         search's sequence passing there too (the others pass a lower rate as they passed the
-        higher one); a margin lower once more where that run fails (the replica's time moved
-        between runs), else no answer. Its probe says the highest certified rate."""
+        higher one); a margin lower again where that run fails (the replica's time moved
+        between runs, or a stall), at most MARGIN_TRIES runs, else no answer. Its probe says
+        the highest certified rate."""
         rate = passing[0]
         for _ in range(MARGIN_TRIES):
             rate /= 1 + self.margin

@@ -472,3 +472,24 @@ def test_the_rate_reported_sits_a_margin_under_the_highest_certified():
                                       1000.0, 5.0, confirm_runs=2, certify=True,
                                       certify_tolerance_pct=2.0)
     assert edge["rate_qps"] == best["certified_qps"] and "certified_qps" not in edge
+
+
+def test_a_margin_run_that_fails_goes_a_margin_lower_and_three_failures_give_no_answer():
+    """The search's sequence passes up to 36 when certifying, but its runs under 36 / 1.03
+    fail (as one stall fails a run of 459 queries at p99): the answer is the first margin
+    rate that passes; where none of the three passes, there is no answer."""
+    def probe(rate, sequence=0, certify=False, fails_under=36.0 / 1.03 * 1.001, floor=0.0):
+        passed = rate <= 36.0 and not (certify and sequence == 0 and floor < rate < fails_under)
+        return {"rate_qps": rate, "passed": passed}
+
+    def search(p):
+        return rate_search.search_rate(p, 50.0, 1000.0, 5.0, confirm_runs=2, certify=True,
+                                       certify_tolerance_pct=2.0, margin_pct=5.0)
+
+    best, probes = search(lambda r, s=0, certify=False: probe(r, s, certify, floor=31.2))
+    margins = [p for p in probes if p.get("margin")]
+    assert [p["passed"] for p in margins] == [False, False, True]
+    assert best is margins[-1] and best["rate_qps"] == pytest.approx(
+        best["certified_qps"] / 1.05**3)
+    none, probes = search(probe)
+    assert none is None and len([p for p in probes if p.get("margin")]) == 3
