@@ -199,6 +199,18 @@ def test_the_server_search_finds_the_known_ttft_limit_under_mlperfs_rule():
     assert out.status == "ok", out.error
     m = out.metrics
     probes = json.loads(m["server/search"])
+    if (m["server/rate_qps"] or 0.0) < known * 0.75 and any(
+            p["confirming"] and p["stopped_early"] and p["rate_qps"] < known * 0.9
+            for p in probes):
+        # A certifying run well under the exact queue's limit stopped at a late request:
+        # a stall of the VM (none may be late in 459 at p99). In a clean clone's make test
+        # sequence 2 failed five rates from 327 down to 173 requests/s this way, the limit
+        # 314, while the serial tests beside took 1.4 times their usual time: search again
+        print("a certifying run under the known limit failed (a stall): searching again")
+        out = run_trial(t, "local")
+        assert out.status == "ok", out.error
+        m = out.metrics
+        probes = json.loads(m["server/search"])
     print({"found": m["server/rate_qps"], "known": known, "by_percentile": by_percentile,
            "probes": probes})
     # the sleeps' overshoot and the hand-offs can only lower the rate found
