@@ -50,8 +50,8 @@ HALVINGS = 5
 
 
 def standard_count(n: float) -> int:
-    """n rounded to the nearest (on a log scale) of 1, 2 or 5 x 10^k: 1,000 for 800-1,410,
-    2,000 for 1,420-3,160. The certifying runs' length comes from the bracket's answer, which
+    """n rounded to the nearest (on a log scale) of 1, 2 or 5 x 10^k: 1,000 for 708-1,414,
+    2,000 for 1,415-3,162. The certifying runs' length comes from the bracket's answer, which
     moves a few percent from one search to the next; rounded, the searches of a replica run
     the same arrival sequences, which decide its certified rate (a 2.5 ms replica's two
     searches certified on 987 and 1,458 queries found 48.9 and 52.6 queries/s)."""
