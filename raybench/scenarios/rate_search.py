@@ -274,6 +274,15 @@ def run_search(replicas: Sequence[Serve], inf: Any, capacity_qps: float,
         say(out, certify, sequence, pct)
         return out
 
+    return run_or_search(probe, inf, capacity_qps)
+
+
+def run_or_search(probe: Callable[..., dict[str, Any]], inf: Any, capacity_qps: float,
+                  ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """What the trial's `inference` section asks of a Server probe (in-process or Ray
+    replicas, or a token engine's): one run at rate_qps judged by the trial's rule, or the
+    search from half the replicas' capacity with the section's bracket, certification and
+    margin."""
     if inf.rate_qps is not None:
         result = probe(inf.rate_qps, rule=inf.early_stopping)
         return (result if result["passed"] else None), [result]

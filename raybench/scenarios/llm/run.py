@@ -230,17 +230,7 @@ def _server(trial: TrialSpec, capacity: float, go: Any, prompt: Any
         rate_search.say(out, certify, sequence, inf.latency_percentile)
         return out
 
-    if inf.rate_qps is not None:
-        result = probe(inf.rate_qps, rule=inf.early_stopping)
-        best, probes = (result if result["passed"] else None), [result]
-    else:
-        cap = inf.rate_max_qps or 1.5 * capacity
-        best, probes = rate_search.search_rate(probe, min(0.5 * capacity, cap), cap,
-                                          inf.rate_tolerance_pct, inf.search_seconds,
-                                          confirm_runs=inf.confirm_runs,
-                                          certify=inf.early_stopping,
-                                          certify_tolerance_pct=inf.certify_tolerance_pct,
-                                          margin_pct=inf.rate_margin_pct)
+    best, probes = rate_search.run_or_search(probe, inf, capacity)
     shown = best or probes[-1]
     return (shown["_run"], shown["_windows"],
             _server_columns(trial, best, probes, shown, capacity))
