@@ -69,13 +69,13 @@ lock:
 sweep: $(STAMP)
 	$(BIN)/python -m raybench.sweep $(SWEEP) $(ARGS)
 
-# Three streams: most tests two at a time (pytest-xdist, one worker per core; a module's tests on
-# one worker, so a module's Ray cluster starts once), since most of a Ray test's time is waiting
-# on processes to start, not the CPU (two two-trial sweeps side by side: 43-47 s, one alone 40 s);
-# beside them the oldest supported Ray's tests (`test-ray-oldest`, its own venv; output kept until
-# it ends); then the tests marked `serial` alone: those that compare timings or speeds, wait a
-# few seconds for something under load, or keep both cores busy for minutes. Three xdist workers
-# were slower (581 s against 532-570 s for the first part) and failed three tests that are
+# Three streams (a fourth below): most tests two at a time (pytest-xdist, one worker per core;
+# a module's tests on one worker, so a module's Ray cluster starts once), since most of a Ray
+# test's time is waiting on processes to start, not the CPU (two two-trial sweeps side by side:
+# 43-47 s, one alone 40 s); beside them the oldest supported Ray's tests (`test-ray-oldest`, its
+# own venv; output kept until it ends); then the tests marked `serial` alone: those that compare
+# timings or speeds, or wait a few seconds for something under load. Three xdist workers were
+# slower (581 s against 532-570 s for the first part) and failed three tests that are
 # serial now. Every part runs; any failing fails `make test`. A worker that dies ends the first
 # part at once, naming the test it died in (--max-worker-restart=0): xdist 3.8.0 replaces it
 # otherwise, and under loadscope the replacement can deadlock the run with every worker idle
@@ -87,17 +87,34 @@ OLDEST_LOG := $(OLDEST)/test.log
 # The serial part collects only the files that mark a test `serial` (conftest.py refuses a
 # serial test found in any other): collecting all 62 modules took it 21 s during `make test`,
 # these 9 about half that.
+# A fourth stream, from the start to the end: the tests marked `background` (CPU for minutes,
+# nothing timed: the xView3 detector's three epochs, 113-182 s alone; bf16/fp16 convolutions;
+# the llama layouts' gloo ranks) at Linux's lowest CPU priority, SCHED_IDLE (nice 19 where chrt
+# is missing), so they take only the CPU the other parts leave: a sliver of the parallel part's,
+# and much of the serial part's, whose tests of known sleeps leave cores idle. Measured here
+# (2026-12-02): `make test` 1,484 s with the detector in the serial part (its 168 s there), 1,199
+# s with it in the background (849 s of its own wall, ended inside the serial part). Their
+# timeouts allow for waiting through the parallel part. Ctrl-C leaves the stream running to
+# its end, as the oldest Ray's.
 SERIAL_FILES := $(shell grep -rlE 'mark\.serial' tests | sort)
+BACKGROUND_FILES := $(shell grep -rlE 'mark\.background' tests | sort)
+LOWEST := $(shell chrt --idle 0 true >/dev/null 2>&1 && echo chrt --idle 0 || echo nice -n 19)
+BACKGROUND_LOG := $(VENV)/test-background.log
 test: $(STAMP)
 	mkdir -p $(OLDEST); { $(MAKE) --no-print-directory test-ray-oldest > $(OLDEST_LOG).new 2>&1; \
-	  echo $$? > $(OLDEST_LOG).rc; } & \
+	  echo $$? > $(OLDEST_LOG).rc; } & old=$$!; \
+	{ OMP_WAIT_POLICY=PASSIVE $(LOWEST) $(BIN)/python -m pytest -q -ra -p no:cacheprovider \
+	  -m background --durations=5 $(BACKGROUND_FILES) > $(BACKGROUND_LOG) 2>&1; \
+	  echo $$? > $(BACKGROUND_LOG).rc; } & bg=$$!; \
 	OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadscope \
-	  --max-worker-restart=0 -m "not serial" $(addprefix --deselect ,$(ONLY_OLDEST)) \
-	  --durations=20 $(PAR_ARGS); a=$$?; \
-	wait; echo "--- Ray $(RAY_OLDEST) (make test-ray-oldest), run beside the part above:"; \
+	  --max-worker-restart=0 -m "not serial and not background" \
+	  $(addprefix --deselect ,$(ONLY_OLDEST)) --durations=20 $(PAR_ARGS); a=$$?; \
+	wait $$old; echo "--- Ray $(RAY_OLDEST) (make test-ray-oldest), run beside the part above:"; \
 	cat $(OLDEST_LOG).new; c=$$(cat $(OLDEST_LOG).rc); \
 	$(BIN)/python -m pytest -q -ra -m serial --durations=10 $(SER_ARGS) $(SERIAL_FILES); b=$$?; \
-	test $$a -eq 0 -a $$b -eq 0 -a "$$c" = 0
+	wait $$bg; echo "--- the background tests ($(LOWEST)), run beside the parts above:"; \
+	cat $(BACKGROUND_LOG); d=$$(cat $(BACKGROUND_LOG).rc); \
+	test $$a -eq 0 -a $$b -eq 0 -a "$$c" = 0 -a "$$d" = 0
 
 # A second venv that holds only that Ray release (with what it needs beyond the lock, pinned
 # by the lock where the lock has it) and sees .venv's packages behind it: Ray's own

@@ -56,14 +56,22 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    # `make test`'s serial part collects only the files where `mark.serial` is written
-    # (Makefile, SERIAL_FILES); a test marked so from anywhere else would run in neither part
-    marked = {item.path for item in items if item.get_closest_marker("serial")}
-    unseen = sorted(str(p) for p in marked if "mark.serial" not in p.read_text())
-    if unseen:
-        raise pytest.UsageError(f"tests marked serial from outside their file (in {unseen}): "
-                                "write pytest.mark.serial in the test's own file, as the "
-                                "Makefile's serial part finds its files by that text")
+    # `make test`'s serial and background parts collect only the files where `mark.serial` /
+    # `mark.background` is written (Makefile, SERIAL_FILES and BACKGROUND_FILES); a test
+    # marked so from anywhere else would run in no part
+    for mark in ("serial", "background"):
+        marked = {item.path for item in items if item.get_closest_marker(mark)}
+        unseen = sorted(str(p) for p in marked if f"mark.{mark}" not in p.read_text())
+        if unseen:
+            raise pytest.UsageError(
+                f"tests marked {mark} from outside their file (in {unseen}): write "
+                f"pytest.mark.{mark} in the test's own file, as the Makefile's {mark} part "
+                "finds its files by that text")
+    both = [i.nodeid for i in items
+            if i.get_closest_marker("serial") and i.get_closest_marker("background")]
+    if both:  # the parallel part leaves out both marks, and each of the others runs one
+        raise pytest.UsageError(f"{both[0]} is marked both serial and background: mark it "
+                                "one of the two")
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA; this machine has no GPU")
