@@ -55,6 +55,12 @@ def pytest_configure(config):
                    check=True, capture_output=True)
 
 
+# A test marked background runs at SCHED_IDLE beside the other parts (Makefile): the xView3
+# detector, 113-182 s alone here, took 849 s so, most of it waiting while the parallel part
+# held both cores. Not a hang before this.
+BACKGROUND_TIMEOUT_S = 2400
+
+
 def pytest_collection_modifyitems(config, items):
     # `make test`'s serial and background parts collect only the files where `mark.serial` /
     # `mark.background` is written (Makefile, SERIAL_FILES and BACKGROUND_FILES); a test
@@ -72,6 +78,9 @@ def pytest_collection_modifyitems(config, items):
     if both:  # the parallel part leaves out both marks, and each of the others runs one
         raise pytest.UsageError(f"{both[0]} is marked both serial and background: mark it "
                                 "one of the two")
+    for item in items:  # a background test waits for CPU through the parallel part
+        if item.get_closest_marker("background") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(BACKGROUND_TIMEOUT_S))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA; this machine has no GPU")

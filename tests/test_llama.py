@@ -82,7 +82,6 @@ BF16 = [(f"{name} bf16", ranks, sets, "bf16") for name, ranks, sets in LAYOUTS[:
 
 # 20-24 s of two gloo ranks and nothing timed: background (see test_worker's precisions)
 @pytest.mark.background
-@pytest.mark.timeout(2400)
 def test_every_layout_trains_the_same_model_step_by_step(tmp_path):
     """One seed, one global batch: DDP, FSDP2 (with accumulation, kept weights, checkpointing)
     and TP with sequence parallel on two gloo ranks give the single process's loss at every

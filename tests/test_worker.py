@@ -50,7 +50,6 @@ def test_record_has_every_field(write_sweep):
 # nothing is timed: at the lowest priority beside the other parts (background), which leaves
 # it waiting for CPU for minutes while they run
 @pytest.mark.background
-@pytest.mark.timeout(2400)
 @pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16", "amp_fp16"])
 def test_precisions_run_on_cpu(write_sweep, precision):
     trial = one_trial(write_sweep, f"hardware.precision={precision}")
