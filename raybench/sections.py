@@ -317,6 +317,14 @@ class InferenceSpec(Strict):
         60.0, gt=0, description="server: the length of each certifying run, at least the "
         "queries early stopping can certify (459 at p99): the longer, the nearer the rate to "
         "what MLPerf's own 600 s run certifies, and the less one burst of arrivals decides it")
+    certify_queries: int | None = Field(
+        None, ge=1, description="server, early_stopping: every certifying run sends this many "
+        "queries (as LoadGen's min_query_count fixes a run's length), at least the fewest early "
+        "stopping can certify (459 at p99), whatever rate the search's bracket ends at: the "
+        "searches of a replica then run the same arrival sequences and repeat. Unset: "
+        "certify_seconds at the bracket's answer, rounded to 1, 2 or 5 x 10^k queries (two "
+        "searches whose brackets end either side of a rounding edge certify on runs of "
+        "different lengths)")
     certify_tolerance_pct: float = Field(
         2.0, gt=0, description="server, early_stopping: the certified rate's step: down from "
         "the bracket's answer by 1, 2, 4, ... steps until every sequence passes, then bisected "

@@ -83,13 +83,13 @@ KEY_NEUTRAL: dict[str, dict[str, Any]] = {
                   "limits": None, "lengths_file": None, "loadgen": False,
                   "loadgen_seconds": 600.0, "early_stopping": False, "confirm_runs": 0,
                   "certify_seconds": 60.0, "certify_tolerance_pct": 2.0,
-                  "rate_margin_pct": 5.0},
+                  "rate_margin_pct": 5.0, "certify_queries": None},
 }
 # Fields that join an inference trial's key only in the scenario they act in (added after
 # keys were first recorded): another scenario's rows keep the keys they had.
 SCENARIO_ONLY = {"early_stopping": "server", "confirm_runs": "server",
                  "certify_seconds": "server", "certify_tolerance_pct": "server",
-                 "rate_margin_pct": "server"}
+                 "rate_margin_pct": "server", "certify_queries": "server"}
 _MISSING = object()
 
 

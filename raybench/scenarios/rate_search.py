@@ -62,9 +62,9 @@ def standard_count(n: float) -> int:
 class RunLength:
     """How many queries a run sends: a search probe (or a fixed-rate run) probe_seconds of
     them, at least min_queries; every certifying run as many as the first, which is at the
-    search's answer: certify_seconds of queries at that rate rounded to a standard count
-    (standard_count), at least min_queries and the fewest early stopping can certify (459 at
-    p99). So fixed, a certifying run's verdict only worsens as the
+    search's answer: certify_queries where the sweep sets it, else certify_seconds of queries
+    at that rate rounded to a standard count (standard_count) and at least min_queries; at
+    least the fewest early stopping can certify (459 at p99). So fixed, a certifying run's verdict only worsens as the
     rate rises (the same arrivals, closer together). Grown with the rate, a longer run at a
     higher rate allowed more late queries: on a 10 ms replica 17.6 queries/s (1,058 queries)
     passed where 12.4 (747) had failed, and the search stepped down past both."""
@@ -78,8 +78,9 @@ class RunLength:
         if not certify:
             return server.query_count(rate, inf.probe_seconds, inf.min_queries)
         if self.certifying is None:
-            self.certifying = max(standard_count(rate * inf.certify_seconds),
-                                  inf.min_queries,
+            wanted = (inf.certify_queries if inf.certify_queries is not None
+                      else max(standard_count(rate * inf.certify_seconds), inf.min_queries))
+            self.certifying = max(wanted,
                                   mlperf.queries_needed(0, inf.latency_percentile))
         return self.certifying
 
@@ -100,11 +101,15 @@ def rule_columns(inf: Any, probes: list[dict[str, Any]]) -> dict[str, Any]:
     step-down is a confirming run on the search's own sequence after the first (with
     certification) or after the search (without)."""
     searching = inf.rate_qps is None
+    certifying = searching and inf.early_stopping
     own = sum(1 for p in probes
               if p.get("confirming") and not p.get("sequence") and not p.get("margin"))
     return {"server/rule": "mlperf" if inf.early_stopping else "percentile",
             "server/confirm_runs": inf.confirm_runs if searching else 0,
-            "server/certify_s": inf.certify_seconds if searching and inf.early_stopping
+            "server/certify_s": inf.certify_seconds if certifying and inf.certify_queries is None
+            else None,
+            "server/certify_queries": next(
+                (p["queries"] for p in probes if p.get("confirming")), None) if certifying
             else None,
             "server/confirm_steps": max(0, own - bool(inf.early_stopping)) if searching else 0,
             "server/margin_pct": inf.rate_margin_pct if searching and inf.early_stopping

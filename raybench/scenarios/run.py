@@ -69,7 +69,9 @@ declare(
     Metric("server/confirm_steps", "count", "times the search's answer was lowered by its "
            "tolerance because a certifying or confirming run failed it"),
     Metric("server/certify_s", "s", "the length of each run that certified the rate by "
-           "MLPerf's rule (inference.certify_seconds)"),
+           "MLPerf's rule (inference.certify_seconds; empty where certify_queries fixed it)"),
+    Metric("server/certify_queries", "count", "queries each certifying run sent "
+           "(inference.certify_queries, else certify_seconds at the bracket's answer, rounded)"),
     Metric("server/certified_qps", "queries/s", "the highest rate every sequence passed; the "
            "rate reported is inference.rate_margin_pct under it (server/margin_pct)"),
     Metric("server/margin_pct", "%", "how far the rate reported sits under the highest "

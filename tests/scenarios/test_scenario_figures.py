@@ -74,7 +74,7 @@ def limits_probe(limits: dict[int, float], seen: list, search_limit: float | Non
     def probe(rate, sequence=0, certify=False):
         seen.append((round(rate, 3), sequence, certify))
         top = limits[sequence] if certify or search_limit is None else search_limit
-        return {"rate_qps": rate, "passed": rate <= top}
+        return {"rate_qps": rate, "passed": rate <= top, "queries": 1000 if certify else 250}
     return probe
 
 
@@ -97,7 +97,8 @@ def test_the_rate_found_is_confirmed_on_fresh_sequences_and_lowered_where_one_fa
     quick = trial(scenario="server", latency_bound_ms=30.0, early_stopping=False).inference
     assert rate_search.rule_columns(quick, probes) == {
         "server/rule": "percentile", "server/confirm_runs": 2, "server/certify_s": None,
-        "server/confirm_steps": steps, "server/margin_pct": None}
+        "server/certify_queries": None, "server/confirm_steps": steps,
+        "server/margin_pct": None}
 
 
 def test_the_rate_bracketed_by_the_percentile_is_certified_by_the_rule_on_every_sequence():
@@ -116,7 +117,10 @@ def test_the_rate_bracketed_by_the_percentile_is_certified_by_the_rule_on_every_
     own = sum(1 for p in probes if p.get("confirming") and not p["sequence"])
     cols = rate_search.rule_columns(trial(scenario="server", latency_bound_ms=30.0).inference, probes)
     assert cols == {"server/rule": "mlperf", "server/confirm_runs": 2, "server/certify_s": 60.0,
-                    "server/confirm_steps": own - 1, "server/margin_pct": 5.0}
+                    "server/certify_queries": 1000, "server/confirm_steps": own - 1,
+                    "server/margin_pct": 5.0}
+    fixed = trial(scenario="server", latency_bound_ms=30.0, certify_queries=1000).inference
+    assert rate_search.rule_columns(fixed, probes)["server/certify_s"] is None
     assert 3 <= own - 1 <= rate_search.MAX_CONFIRM_STEPS  # 45 -> 36: 1, 2, 4, 8 steps, bisected
     # the sequence that failed last is run first at the next rate: no rate runs sequence 1
     # after another sequence has failed there
@@ -143,6 +147,24 @@ def test_every_certifying_run_sends_as_many_queries_as_the_first():
     short = rate_search.RunLength(trial(scenario="server", latency_bound_ms=30.0,
                                         certify_seconds=1.0).inference)
     assert short(25.0, True) == 459 and short(100.0, True) == 459
+
+
+def test_a_certifying_count_set_by_the_sweep_holds_whatever_the_bracket_says():
+    """certify_queries fixes every certifying run's length from the sweep alone: brackets
+    ending either side of a rounding edge (34.95 and 36 queries/s at 20 s: 699 and 720
+    queries, rounded to 500 and 1,000) certify on the same sequences; never fewer than early
+    stopping can certify at the percentile."""
+    def inf(**kw):
+        return trial(scenario="server", latency_bound_ms=30.0, certify_seconds=20.0,
+                     **kw).inference
+    assert rate_search.RunLength(inf())(34.95, True) == 500
+    assert rate_search.RunLength(inf())(36.0, True) == 1000
+    for rate in (34.95, 36.0, 5.0, 400.0):
+        assert rate_search.RunLength(inf(certify_queries=1000))(rate, True) == 1000
+    assert rate_search.RunLength(inf(certify_queries=1000))(36.0, False) == 360  # probes: probe_seconds
+    assert rate_search.RunLength(inf(certify_queries=100))(36.0, True) == 459
+    assert rate_search.RunLength(inf(certify_queries=100, latency_percentile=90.0))(
+        36.0, True) == 100
 
 
 def test_an_answer_no_fresh_sequence_confirms_is_not_reported():
