@@ -64,10 +64,11 @@ class RunLength:
     them, at least min_queries; every certifying run as many as the first, which is at the
     search's answer: certify_queries where the sweep sets it, else certify_seconds of queries
     at that rate rounded to a standard count (standard_count) and at least min_queries; at
-    least the fewest early stopping can certify (459 at p99). So fixed, a certifying run's verdict only worsens as the
-    rate rises (the same arrivals, closer together). Grown with the rate, a longer run at a
-    higher rate allowed more late queries: on a 10 ms replica 17.6 queries/s (1,058 queries)
-    passed where 12.4 (747) had failed, and the search stepped down past both."""
+    least the fewest early stopping can certify (459 at p99). So fixed, a certifying run's
+    verdict only worsens as the rate rises (the same arrivals, closer together). Grown with
+    the rate, a longer run at a higher rate allowed more late queries: on a 10 ms replica 17.6
+    queries/s (1,058 queries) passed where 12.4 (747) had failed, and the search stepped down
+    past both."""
 
     def __init__(self, inf: Any):
         self.inf = inf
