@@ -60,6 +60,9 @@ def test_batch_axis_conflicts_with_search(write_sweep):
         expand(spec)
 
 
+# local trials (two to calibrate, then the search's probes: 25 s in the parallel part); it
+# judges memory peaks, never a time: background
+@pytest.mark.background
 def test_search_against_a_cpu_memory_budget(write_sweep, tmp_path, capsys):
     path = write_sweep(SEARCH + "search: {largest_batch: {max_batch: 32}}\n")
     # calibrate on this machine: a budget halfway between the peaks of batch 2 and batch 16

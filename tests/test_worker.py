@@ -168,6 +168,9 @@ def test_repeats_give_one_window_each(write_sweep):
     assert len(r.windows_s) == 3 and len(r.compute_s) == 9
 
 
+# two rank processes over gloo for 20 s of both cores in the parallel part, and nothing timed
+# (the ranks' throughputs are summed, not judged): background
+@pytest.mark.background
 def test_local_runner_two_ranks_sum_throughput(write_sweep):
     trial = one_trial(write_sweep, "hardware.cpu_workers=2")
     out = run_local(trial)
