@@ -52,7 +52,7 @@ def _paired(ours: list[float], theirs: list[float]) -> float:
     """The median over rounds of the probe's figure over the independent one measured just
     before or after it. A round's two sides share the machine's minute (a 2-core VM's matmul
     drifts 165-195 GFLOP/s from one second to the next), so the ratio cancels the drift that
-    the best of each side does not (in a clean clone's make test one probe round read 199.8
+    the best of each side does not (in a `make test` on an AMD EPYC one probe round read 199.8
     where the reference's five read 164.5-171.8: best over best 1.16, rounds 1.00-1.16); the
     median drops a round whose one side a neighbour's burst slowed (another make test: one
     round 0.65, the others 0.87-1.03)."""
@@ -98,8 +98,7 @@ def _numpy_scale_gb_s(src: np.ndarray, dst: np.ndarray) -> float:
     STREAM's compiled C and torch's copy kernel are, where numpy's copy is glibc's memcpy,
     whose way with a large copy (rep movsb or non-temporal stores) depends on the CPU: on an
     AMD EPYC here memcpy read 20.7-21.2 GB/s, the ufunc loop 26.6-29.1 and torch's copy
-    27.9-30.1, on the same 128 MiB buffers; on the Intel VMs before, memcpy and torch's copy
-    agreed (18.6-19.3 against 19-20)."""
+    27.9-30.1, on the same 128 MiB buffers (2026-12-02)."""
     one = np.float32(1.0)
     times = []
     for _ in range(15):
