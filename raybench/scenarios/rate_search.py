@@ -113,8 +113,7 @@ def rule_columns(inf: Any, probes: list[dict[str, Any]]) -> dict[str, Any]:
                 (p["queries"] for p in probes if p.get("confirming")), None) if certifying
             else None,
             "server/confirm_steps": max(0, own - bool(inf.early_stopping)) if searching else 0,
-            "server/margin_pct": inf.rate_margin_pct if searching and inf.early_stopping
-            else None}
+            "server/margin_pct": inf.rate_margin_pct if certifying else None}
 
 
 def search_rate(probe: Callable[..., dict[str, Any]], start: float, cap: float,
