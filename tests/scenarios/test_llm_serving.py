@@ -221,12 +221,16 @@ def test_the_server_search_finds_the_known_ttft_limit_under_mlperfs_rule():
     assert m["server/queries"] == n == 459 and m["server/mlperf_min_duration_met"] is False
     assert m["server/rule"] == "mlperf" and m["server/confirm_runs"] == 2
     # every sequence passed the highest certified rate; the answer sits 5% under it, where
-    # the search's own sequence passed once more
+    # the search's own sequence passed once more, or a further 5% under for each margin run
+    # that failed first (a stall: CI's run of a5a8e17 failed the first at 266.9 requests/s,
+    # every sequence having passed 280.3, and answered 254.2, the known limit 314)
     certified = m["server/certified_qps"]
     at_certified = [p["sequence"] for p in probes
                     if p["confirming"] and p["rate_qps"] == round(certified, 4)]
     assert sorted(at_certified) == [0, 1, 2]
-    assert m["server/rate_qps"] == pytest.approx(certified / 1.05)
+    margins = [p for p in probes if p.get("margin")]
+    assert [p["passed"] for p in margins] == [False] * (len(margins) - 1) + [True]
+    assert m["server/rate_qps"] == pytest.approx(certified / 1.05 ** len(margins))
     assert m["server/margin_pct"] == 5.0
     assert {p["queries"] for p in probes if p["confirming"]} == {459}  # every certifying run
     # the search's answer by the percentile (459 requests, up to 4 late) failed a certifying
