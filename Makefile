@@ -107,7 +107,7 @@ test: $(STAMP)
 	  -m background --durations=5 $(BACKGROUND_FILES) > $(BACKGROUND_LOG) 2>&1; \
 	  echo $$? > $(BACKGROUND_LOG).rc; } & bg=$$!; \
 	OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadscope \
-	  --max-worker-restart=0 -m "not serial and not background" \
+	  --max-worker-restart=0 --no-loadscope-reorder -m "not serial and not background" \
 	  $(addprefix --deselect ,$(ONLY_OLDEST)) --durations=20 $(PAR_ARGS); a=$$?; \
 	wait $$old; echo "--- Ray $(RAY_OLDEST) (make test-ray-oldest), run beside the part above:"; \
 	cat $(OLDEST_LOG).new; c=$$(cat $(OLDEST_LOG).rc); \
