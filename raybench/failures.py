@@ -41,7 +41,25 @@ def failure(exc: BaseException, resources: dict[str, Any] | None = None) -> Tria
     elif status == "infeasible":
         text = f"worker group could not be placed (wanted {resources}): {text}"
     log.warning("trial failed (%s): %s", status, text.splitlines()[0] if text else "")
-    return TrialOutcome.failed(status, text[-4000:])
+    return TrialOutcome.failed(status, clip(text))
+
+
+# A row's error text: what failed comes first (the outermost exception, and the worker's own
+# line where Ray wraps it: what a retry's reason and the report's first line show), the
+# innermost traceback's end last. A worker's death through Ray Train runs past 4,000
+# characters; keeping only its end once left a retry reason of "e due to error: Traceback
+# (most recent call last):" (a CI run of the fault tests).
+ERROR_CHARS, ERROR_HEAD = 4000, 1200
+
+
+def clip(text: str, limit: int = ERROR_CHARS, head: int = ERROR_HEAD) -> str:
+    """`text` if it fits in `limit` characters, else its first `head` and its end, with the
+    number of characters left out between them on a line of its own."""
+    if len(text) <= limit:
+        return text
+    marker = "\n[... {} characters left out ...]\n"
+    tail = limit - head - len(marker.format(len(text)))
+    return text[:head] + marker.format(len(text) - head - tail) + text[-tail:]
 
 
 def _infeasible(exc: BaseException, text: str) -> str | None:

@@ -51,3 +51,32 @@ def test_placement_timeout_is_infeasible_with_resources():
 
 def test_plain_error():
     assert failure(ValueError("bad shape")).status == "error"
+
+
+def test_a_long_error_keeps_what_failed_and_where_it_ended():
+    """A failure whose text runs past the row's limit keeps its first lines (the outermost
+    error: what a retry's reason is made of) and its end (the innermost frame), saying how
+    much was left out; the old cut kept the end alone, and a retry reason read "e due to
+    error: Traceback (most recent call last):" in a CI run."""
+    from raybench.failures import ERROR_CHARS, ERROR_HEAD, _describe
+    from raybench.runners.on_ray.trial import _reason
+
+    class ActorDiedError(Exception):
+        pass
+
+    frames = "".join(f'  File "w.py", line {i}, in step\n    x = f({i})\n' for i in range(300))
+    inner = RuntimeError(f"Traceback (most recent call last):\n{frames}ValueError: at the end")
+    outer = ActorDiedError("The actor died unexpectedly before finishing this task.")
+    outer.__cause__ = inner
+    out = failure(outer)
+    assert out.status == "lost" and len(out.error) == ERROR_CHARS
+    assert out.error.startswith("ActorDiedError: The actor died unexpectedly")
+    assert out.error.endswith("ValueError: at the end")
+    marker = out.error[ERROR_HEAD:].split("]\n")[0] + "]\n"
+    kept = out.error.replace(marker, "")
+    full = _describe(outer)
+    assert full.startswith(kept[:ERROR_HEAD]) and full.endswith(kept[ERROR_HEAD:])
+    assert marker == f"\n[... {len(full) - len(kept)} characters left out ...]\n"
+    assert "died" in _reason(out)
+    short = failure(ValueError("bad input"))
+    assert short.error == "ValueError: bad input"  # a short text whole
