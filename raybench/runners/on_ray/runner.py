@@ -20,6 +20,7 @@ import ray
 
 from raybench import store
 from raybench.columns import Metric, declare
+from raybench.failures import clip
 from raybench.records import TrialOutcome, now
 from raybench.results.rundir import storage_uri
 from raybench.runners import Done, Runner
@@ -220,7 +221,7 @@ class _Rows:
             for i in self.groups[result.config["group"]]:
                 if i not in self.reported:
                     self.done(self.by_index[i], TrialOutcome.failed(
-                        "error", f"Tune trial failed: {str(result.error)[-2000:]}"))
+                        "error", f"Tune trial failed: {clip(str(result.error), 2000, 600)}"))
 
 
 def _point_at_copy(outcome: TrialOutcome, trials_dir: str, name: str,
