@@ -21,8 +21,6 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from scipy.stats import binom
-
 CONFIDENCE = 0.99  # LoadGen's early stopping: `double confidence = 0.99;`
 TOLERANCE = 0.0  # ... `double tolerance = 0.0;`
 SERVER_MIN_DURATION_S = 600.0
@@ -45,6 +43,10 @@ def percentile_of(values: Sequence[float], percentile: float) -> float:
 def certified(n: int, late: int, percentile: float) -> bool:
     """Whether n queries with `late` over the bound let LoadGen's early stopping certify the
     percentile: P[at most `late` late of n | a true late share of 1 - p] <= 1 - confidence."""
+    # scipy.stats: 0.6-1.3 s to import, here only where a run is judged (the report imports
+    # this module, and so every sweep's driver)
+    from scipy.stats import binom
+
     p = percentile / 100.0 - TOLERANCE
     return bool(n > late and binom.cdf(late, n, 1.0 - p) <= 1.0 - CONFIDENCE)
 
