@@ -1,6 +1,7 @@
 """Two Ray nodes on one machine (loopback addresses 127.0.0.2 and .3, two logical GPUs each):
-a 4-GPU trial is spread over both nodes and records both; with `concurrency: pack` two 1-GPU
-trials run at the same time on different GPUs. Workers compute on CPU (`logical_gpus`).
+a trial larger than a node is spread over both and records both (the FSDP2 trial below); with
+`concurrency: pack` two 1-GPU trials run at the same time on different GPUs. Workers compute
+on CPU (`logical_gpus`).
 
 Each node runs in a mount namespace of its own with a private tmpfs at one path (where this
 machine allows it): the xView3 sweep then runs as on nodes that share no disk (KubeRay pods,
@@ -62,25 +63,6 @@ def run(cluster, tmp_path, grid: str, steps: int) -> pd.DataFrame:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1])["raybench"]["ok"] >= 1
     return pd.read_parquet(tmp_path / "run" / "results.parquet"), proc.stderr
-
-
-def test_a_trial_larger_than_a_node_is_spread_and_records_both(two_nodes, tmp_path):
-    """Four ranks sharing two GPUs (`ranks_per_gpu: 2`, half a GPU each): four CPUs, more than
-    a node has, so they spread; Ray places the fractional GPUs and the row counts four ranks."""
-    df, _ = run(two_nodes, tmp_path, "{num_gpus: [2], ranks_per_gpu: [2]}", steps=3)
-    row = df.iloc[0]
-    assert row["status"] == "ok", row["error"]
-    assert row["train/world_size"] == 4 and row["hardware.ranks_per_gpu"] == 2
-    assert row["cluster/placement_strategy"] == "SPREAD"
-    assert row["cluster/nodes_used"] == 2
-    assert sorted(set(row["cluster/rank_nodes"].split(","))) == ["127.0.0.2", "127.0.0.3"]
-    ranks = json.loads(next((tmp_path / "run" / "trials").glob("*.json")).read_text())["ranks"]
-    assert {r["node_ip"] for r in ranks} == {"127.0.0.2", "127.0.0.3"}
-    assert sorted(r["node_rank"] for r in ranks) == [0, 0, 1, 1]
-    # system facts from each node, not only the driver's
-    nodes = json.loads((tmp_path / "run" / "system_info.json").read_text())["nodes"]
-    assert sorted(nodes) == ["127.0.0.2", "127.0.0.3"]
-    assert all("error" not in f and f["versions"]["torch"] for f in nodes.values())
 
 
 def test_pack_runs_one_gpu_trials_side_by_side_on_different_gpus(two_nodes, tmp_path):
@@ -247,30 +229,42 @@ name: llama_two_nodes
 system: {label: two-nodes, nodes: 2, gpus_per_node: 2}
 workload: {name: llama, preset: tiny, seq_len: 64, batch_size: 2, lr: 0.003,
            parallel: {dp_shard: 2}}
-hardware: {num_gpus: 2, cpus_per_worker: 2, dataloader_workers: 0}
+hardware: {num_gpus: 1, ranks_per_gpu: 2, cpus_per_worker: 2, dataloader_workers: 0}
 execution: {logical_gpus: true, start_timeout_s: 60}
 measure: {warmup_steps: 1, measure_steps: 3}
 """
 
 
 def test_an_fsdp2_trial_spans_both_nodes_and_trains_as_one_process(two_nodes, tmp_path):
-    """Two ranks of two CPUs each (four: more than a node has), FSDP2 sharding the model
-    over a rank on each node: the same losses step by step as one process training the same
-    global batch (issue 64), and the figures of a training row. (FSDP2 x TP2 over four ranks
-    and HSDP gave one process's losses too, run by hand: docs/journal/2026-11.md.)"""
+    """Two ranks of two CPUs each sharing one GPU (`ranks_per_gpu: 2`, half a GPU each): four
+    CPUs, more than a node has, so Ray spreads them, a rank on each node, and the row and the
+    trial's record name both nodes. FSDP2 shards the model over them: the same losses step
+    by step as one process training the same global batch (issue 64), and the figures of a
+    training row. (FSDP2 x TP2 over four ranks and HSDP gave one process's losses too, run by
+    hand: docs/journal/2026-11.md.) One trial for both questions: each trial here costs a
+    Ray Train start on two shared cores (a 4-rank ResNet trial of its own took 59-100 s)."""
     from raybench.records import present
     from tests.test_llama import train, trial
 
     sweep = tmp_path / "llama.yaml"
     sweep.write_text(LLAMA)
+    run_dir = tmp_path / "run"
     proc = subprocess.run([sys.executable, "-m", "raybench.sweep", str(sweep), "--address",
-                           two_nodes.address, "--output", str(tmp_path / "run")], cwd=ROOT,
+                           two_nodes.address, "--output", str(run_dir)], cwd=ROOT,
                           env=two_nodes.env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    row = pd.read_parquet(tmp_path / "run" / "results.parquet").iloc[0]
+    row = pd.read_parquet(run_dir / "results.parquet").iloc[0]
     assert row["status"] == "ok", row["error"]
-    assert row["train/world_size"] == 2 and row["cluster/nodes_used"] == 2
+    assert row["train/world_size"] == 2 and row["hardware.ranks_per_gpu"] == 2
+    assert row["cluster/placement_strategy"] == "SPREAD" and row["cluster/nodes_used"] == 2
     assert sorted(row["cluster/rank_nodes"].split(",")) == ["127.0.0.2", "127.0.0.3"]
+    ranks = json.loads(next((run_dir / "trials").glob("*.json")).read_text())["ranks"]
+    assert {r["node_ip"] for r in ranks} == {"127.0.0.2", "127.0.0.3"}
+    assert sorted(r["node_rank"] for r in ranks) == [0, 1]
+    # system facts from each node, not only the driver's
+    nodes = json.loads((run_dir / "system_info.json").read_text())["nodes"]
+    assert sorted(nodes) == ["127.0.0.2", "127.0.0.3"]
+    assert all("error" not in f and f["versions"]["torch"] for f in nodes.values())
     assert row["llm/layout"] == "fsdp2" and row["train/global_batch_size"] == 4
     assert row["llm/tokens_per_s"] == pytest.approx(row["train/samples_per_s"] * 64)
     assert row["llm/params_per_rank_m"] == pytest.approx(row["llm/params_m"] / 2, rel=0.02)
@@ -279,7 +273,8 @@ def test_an_fsdp2_trial_spans_both_nodes_and_trains_as_one_process(two_nodes, tm
 
     # the same layout under torchrun (two CPU ranks on this machine): the same figures filled
     cpu = tmp_path / "llama_cpu.yaml"
-    cpu.write_text(LLAMA.replace("num_gpus: 2, cpus_per_worker: 2", "cpu_workers: 2"))
+    cpu.write_text(LLAMA.replace("num_gpus: 1, ranks_per_gpu: 2, cpus_per_worker: 2",
+                                 "cpu_workers: 2"))
     launched = subprocess.run([sys.executable, "-m", "raybench.sweep", str(cpu), "--runner",
                                "torchrun", "--output", str(tmp_path / "torchrun")], cwd=ROOT,
                               capture_output=True, text=True, timeout=600)
