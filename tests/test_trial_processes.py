@@ -187,3 +187,12 @@ def test_a_ranks_context_comes_from_torchruns_variables(monkeypatch):
     assert given.device == torch.device("cuda", 3)  # Ray's choice wins
     one = WorkerContext.single(HardwareSpec(), torch.device("cpu"))
     assert (one.rank, one.local_rank, one.world_size, one.node_rank) == (0, 0, 1, 0)
+
+
+def test_a_workload_in_a_folder_of_its_own_loads_alone():
+    """A rank looks its workload up by name and imports that file or folder alone: llama, a
+    folder, had made `workloads.get` import every sibling (the detector's, rasterio's)."""
+    code = ("import sys; from raybench import workloads; workloads.get('llama'); "
+            "print(sorted(m.split('.')[2] for m in sys.modules "
+            "if m.startswith('raybench.workloads.') and not m.startswith('raybench.workloads.llama')))")
+    assert _printed(code) == "[]"

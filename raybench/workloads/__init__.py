@@ -419,10 +419,12 @@ def _load_all() -> None:
 
 
 def get(name: str) -> type[Workload]:
-    own_file = Path(__path__[0]) / f"{name}.py"
-    if name not in _REGISTRY and name.isidentifier() and own_file.exists():
-        # the file named like the workload first: every rank of every trial looks its
-        # workload up, and the siblings' imports (rasterio, detection models) are not its own
+    here = Path(__path__[0])
+    own = (here / f"{name}.py").exists() or (here / name / "__init__.py").exists()
+    if name not in _REGISTRY and name.isidentifier() and own:
+        # the file (or folder: llama) named like the workload first: every rank of every
+        # trial looks its workload up, and the siblings' imports (rasterio, detection models)
+        # are not its own
         importlib.import_module(f"{__name__}.{name}")
     if name not in _REGISTRY:
         _load_all()
