@@ -142,7 +142,11 @@ def test_offline_and_users_recover_the_generators_known_times():
     assert out.status == "ok", out.error
     m = out.metrics
     assert m["serve/concurrency"] == 2 and m["serve/requests"] == 12
-    assert 20.0 <= m["serve/ttft_p99_ms"] <= 20.0 * 1.1 + 3  # no one waits for a slot
+    # no one waits for a slot: the median at the prefill, the slowest (p99 of 12) well under
+    # what a wait would add (most of another request's 55 ms); a clean clone's serial part
+    # read 25.7 ms once for the slowest, one first token late by a stall of the host
+    assert 20.0 <= m["serve/ttft_p50_ms"] <= 20.0 * 1.1 + 3
+    assert 20.0 <= m["serve/ttft_p99_ms"] <= 20.0 + 15
     assert 1e3 / (5.0 * 1.1 + 0.5) <= m["serve/tokens_per_s_per_user"] <= 200.0 / 0.97
     ideal = 2 * 8 / service
     assert ideal * 0.8 <= m["serve/output_tokens_per_s"] <= ideal * 1.01
