@@ -46,7 +46,10 @@ def test_tokens_come_back_through_ray_as_the_generator_makes_them(embedded_ray):
     assert json.loads(m["serve/replica_requests"]) == [8, 8]
     assert 5.0 * 0.95 <= m["serve/tpot_p50_ms"] <= 6.5
     assert 20.0 <= m["serve/ttft_p50_ms"] <= 30.0  # the way through Ray: a few ms here
-    assert m["serve/itl_p50_ms"] <= 6.5 and m["serve/client_lag_p99_ms"] < 25
+    # the lag's p99 (the second slowest of 160 tokens) under 40 ms: one stall of the host
+    # passes, and stamps taken in bulk at a request's end would lag its first tokens by the
+    # 45 ms of tokens after them
+    assert m["serve/itl_p50_ms"] <= 6.5 and m["serve/client_lag_p99_ms"] < 40
     assert {r["node"] for r in out.ranks} == {ray.util.get_node_ip_address()}
 
 
