@@ -159,7 +159,7 @@ def gloo_group(rank: int, port: int, ranks: int = 2) -> Iterator[None]:
     group down while the other still uses it), the group's end and the rank's exit."""
     import torch.distributed as dist
 
-    from raybench.runners.local import leave_rank
+    from raybench.rank.launched import leave_rank
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,

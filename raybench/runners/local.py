@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import socket
-import sys
 import tempfile
 import threading
 import time
@@ -25,7 +24,7 @@ import torch.multiprocessing as mp
 from raybench import fabric, metrics
 from raybench.context import WorkerContext, process_start
 from raybench.failures import failure
-from raybench.rank.launched import run_rank
+from raybench.rank.launched import leave_rank, run_rank
 from raybench.rank.loop import run_worker
 from raybench.records import TrialOutcome
 from raybench.runners.serial import PR_SET_PDEATHSIG, SerialRunner, gpus_missing
@@ -111,14 +110,3 @@ def _watch(driver: int) -> None:
     while os.getppid() == driver:
         time.sleep(1.0)
     os._exit(1)
-
-
-def leave_rank() -> None:
-    """End a spawned rank's process once its work is done and written, skipping the
-    interpreter's teardown: there, gloo's threads sometimes aborted the process ("terminate
-    called without an active exception", 2 of 8 runs of a two-rank test on an idle 2-core
-    machine, 0 of 12 after), which turned a finished trial into an error. Never called on an
-    exception, which mp.spawn must see."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
