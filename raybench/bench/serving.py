@@ -55,6 +55,9 @@ def serving_overhead(trial: TrialSpec, rounds: int) -> dict[str, Any]:
                  if r.get(key) is not None and x.get(key) is not None]
         name = key.split("/")[1].replace("_ms", "")
         out[f"{name}_ray_minus_in_process_ms"] = statistics.median(diffs) if diffs else None
-    out["client_lag_p99_ms"] = {side: [m.get("serve/client_lag_p99_ms") for m in ms]
-                                for side, ms in sides.items()}
+    # where the cores went: the engine's process waiting for one (through Ray beside Ray's
+    # own processes; in-process beside the client, which shares the process)
+    for key in ("serve/client_lag_p99_ms", "serve/replica_cpu_util_pct",
+                "serve/replica_run_wait_pct"):
+        out[key.split("/")[1]] = {side: [m.get(key) for m in ms] for side, ms in sides.items()}
     return out

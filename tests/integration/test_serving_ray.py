@@ -5,6 +5,7 @@ by side with the same trial in this process, on an embedded Ray of three CPUs.""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import ray
@@ -50,6 +51,9 @@ def test_tokens_come_back_through_ray_as_the_generator_makes_them(embedded_ray):
     # passes, and stamps taken in bulk at a request's end would lag its first tokens by the
     # 45 ms of tokens after them
     assert m["serve/itl_p50_ms"] <= 6.5 and m["serve/client_lag_p99_ms"] < 40
+    # the generator sleeps: its actor's process is idle most of the run (a figure that
+    # counted the replica's start-up, or the whole machine, would read far more)
+    assert 0 <= m["serve/replica_cpu_util_pct"] < 60
     assert {r["node"] for r in out.ranks} == {ray.util.get_node_ip_address()}
 
 
@@ -67,3 +71,7 @@ def test_the_tiny_llama_through_ray_and_in_process(embedded_ray):
         assert m["infer/accuracy"] == 1.0 and m["infer/replicas_used"] == 2, runner
         assert [r["tokens"] for r in out.records[0]["requests"]] == [8] * 8, runner
         assert m["serve/output_tokens_per_s"] > 0 and m["serve/tpot_p50_ms"] > 0, runner
+        # the replica's process over the run: it computed, on at most the machine's cores,
+        # and its threads' wait for a core is read (Linux)
+        assert 0 < m["serve/replica_cpu_util_pct"] <= 100 * os.cpu_count(), runner
+        assert m["serve/replica_run_wait_pct"] >= 0, runner

@@ -56,6 +56,12 @@ declare(
     Metric("serve/j_per_output_token", "J", "the replicas' GPU energy over the run (NVML) "
            "per output token"),
     Metric("serve/gpu_power_mean_w", "W", "the replicas' GPU power, mean over the run"),
+    Metric("serve/replica_cpu_util_pct", "%", "CPU time of a replica's process over the run "
+           "(100 = one core), the most of any replica; in-process (the local runner) the "
+           "process is the client's too"),
+    Metric("serve/replica_run_wait_pct", "%", "time a replica process's threads were ready "
+           "to run but waited for a core over the run (100 = one thread the whole run; Linux "
+           "schedstat), the most of any replica: whether the engine had the cores it assumed"),
     Metric("serve/kv_use_peak_pct", "%", "the engine's KV cache in use, highest sampled"),
     Metric("serve/kv_use_mean_pct", "%", "the engine's KV cache in use, mean of the samples"),
     Metric("serve/mlperf_min_duration_met", "bool", "the run lasted MLPerf's 600 s minimum "

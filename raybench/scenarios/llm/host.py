@@ -27,6 +27,7 @@ import torch
 from raybench import telemetry, workloads
 from raybench.context import WorkerContext, check_env
 from raybench.memory import peak_rss_mb, steady_heap
+from raybench.rank import host as process
 from raybench.scenarios.llm import lengths
 from raybench.trials import TrialSpec
 
@@ -107,6 +108,7 @@ class EngineHost:
         self.ended = False
         self.kv: list[float] = []
         self.kv_at = -np.inf  # when the KV cache's use was last read
+        self.usage = process.usage()  # this process's counters at the run's start
         self.sampling = False
         self.nvml = telemetry.open_sampler(device.index or 0) if device.type == "cuda" \
             else None
@@ -158,19 +160,23 @@ class EngineHost:
                 self.kv.append(use)
 
     def measure(self, on: bool) -> dict[str, Any]:
-        """Start (or stop and return) a run's samples: the KV cache's use, and on a GPU the
-        NVML window's energy (telemetry.py: empty without NVML or under a second)."""
+        """Start (or stop and return) a run's samples: the KV cache's use, this process's CPU
+        time and its threads' wait for a core, and on a GPU the NVML window's energy
+        (telemetry.py: empty without NVML or under a second)."""
         if on:
             self.kv, self.kv_at = [], -np.inf
             self.sampling = True
+            self.usage = process.usage()
             if self.nvml is not None:
                 self.nvml.samples = []
                 self.nvml.start()
             return {}
         self.sampling = False
         gpu = telemetry.aggregate(self.nvml.stop(), 1) if self.nvml is not None else {}
+        used = process.window_usage(self.usage, process.usage())
         return {"kv": list(self.kv), "energy_j": gpu.get("energy_j"),
-                "power_mean_w": gpu.get("power_mean_w")}
+                "power_mean_w": gpu.get("power_mean_w"), "cpu_util_pct": used["cpu_util_pct"],
+                "run_wait_pct": used["run_wait_pct"]}
 
     def submit(self, rid: str, prompt: list[int], n: int) -> None:
         """Queue a request; its progress comes out of `events`."""

@@ -287,6 +287,8 @@ def _facts(trial: TrialSpec, records: list[dict[str, Any]], stats: list[dict[str
         "serve/input_tokens": float(np.mean([r["input_tokens"] for r in records])),
         "serve/output_tokens": float(np.mean([r["output_tokens"] for r in records])),
         "serve/concurrency": inf.concurrency if inf.scenario == "concurrency" else None,
+        "serve/replica_cpu_util_pct": _most(windows, "cpu_util_pct"),
+        "serve/replica_run_wait_pct": _most(windows, "run_wait_pct"),
         "serve/kv_use_peak_pct": 100 * max(samples) if samples else None,
         "serve/kv_use_mean_pct": 100 * float(np.mean(samples)) if samples else None,
         "serve/replica_requests": json.dumps(served),
@@ -300,6 +302,12 @@ def _facts(trial: TrialSpec, records: list[dict[str, Any]], stats: list[dict[str
         **offline.accuracy(agreement, stats, trial),
         **offline.replica_facts(stats, None, trial.hardware.precision),
     }
+
+
+def _most(windows: list[dict[str, Any]], key: str) -> float | None:
+    """The highest of the replicas' figures over the run; None where any lacks it."""
+    values = [w.get(key) for w in windows]
+    return max(values) if values and all(v is not None for v in values) else None
 
 
 def _kept(records: list[dict[str, Any]]) -> dict[str, Any]:
