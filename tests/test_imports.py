@@ -247,7 +247,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                 "raybench.columns", "raybench.failures", "raybench.context", "raybench.clock",
                 "raybench.flops", "raybench.memory", "raybench.telemetry", "raybench.fabric",
                 "raybench.store", "raybench.sysinfo", "raybench.version", "raybench.console",
-                "raybench.interrupts", "raybench.progress")),
+                "raybench.interrupts", "raybench.progress", "raybench.process")),
     ("beside the flow", ("raybench.data", "raybench.workloads", "raybench.metrics",
                          "raybench.scenarios")),
     ("the sweep file", ("raybench.spec", "raybench.grid")),

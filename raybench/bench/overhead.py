@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 THROUGHPUT_GOAL = 0.99
 LATER_TRIAL_MARGIN_S = 1.0
 # what else the machine did during each side's windows, from the rows: the ranks' CPU use and
-# their threads' time ready to run but waiting for a core (rank/host.py). On two cores the
+# their threads' time ready to run but waiting for a core (process.py). On two cores the
 # Ray trial's threads waited 19% of the window against torchrun's 5% (docs/journal/2026-11.md).
 HOST_FIGURES = ("host/cpu_util_pct", "host/run_wait_pct")
 

@@ -23,12 +23,12 @@ from typing import Any
 
 import torch
 
+from raybench import process as host
 from raybench import workloads
 from raybench.clock import StepClock
 from raybench.context import WorkerContext, check_env
 from raybench.memory import reset_peak_rss, steady_heap
 from raybench.metrics import REPEAT_CV_LIMIT_PCT, cv_pct
-from raybench.rank import host
 from raybench.rank.epochs import run_epochs
 from raybench.rank.record import memory, rank_record
 from raybench.records import RankRecord

@@ -24,10 +24,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from raybench import telemetry, workloads
+from raybench import process, telemetry, workloads
 from raybench.context import WorkerContext, check_env
 from raybench.memory import peak_rss_mb, steady_heap
-from raybench.rank import host as process
 from raybench.scenarios.llm import lengths
 from raybench.trials import TrialSpec
 

@@ -1,8 +1,9 @@
-"""The rank's process over a measured window: CPU time, page faults, time waiting for a core.
+"""A process over a measured window: CPU time, page faults, time waiting for a core.
 
-Read at a window's edges by the timed loop (loop.py) and turned into the row's `host/*` figures:
-whether the rank had the CPU the trial assumed, or shared it. Linux's counters; None where the
-kernel keeps no such count.
+Read at a window's edges by a rank's timed loop (rank/loop.py: the row's `host/*` figures) and
+by a serving replica over its run (scenarios/llm/host.py: `serve/replica_*`): whether the
+process had the CPU the trial assumed, or shared it. A shared leaf, since both use it. Linux's
+counters; None where the kernel keeps no such count.
 """
 
 from __future__ import annotations
