@@ -13,6 +13,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 import torch.distributed as dist
 
@@ -55,8 +56,9 @@ class Launched:
 
 
 def run_rank(trial: TrialSpec, trace_dir: str | None, result: Path,
-             stamps: dict[str, float]) -> None:
-    """This rank's part of the trial; rank 0 writes the records to `result`."""
+             stamps: dict[str, float]) -> NoReturn:
+    """This rank's part of the trial; rank 0 writes the records to `result`. Done, the
+    process ends here (leave_rank), whichever launcher started it; a failure raises."""
     dist.init_process_group(trial.hardware.backend)  # env:// from the launcher's variables
     try:
         run_trials({"side": Launched(trial, trace_dir, result, stamps)})
@@ -65,9 +67,10 @@ def run_rank(trial: TrialSpec, trace_dir: str | None, result: Path,
         dist.barrier()
     finally:
         dist.destroy_process_group()
+    leave_rank()
 
 
-def leave_rank() -> None:
+def leave_rank() -> NoReturn:
     """End a launched rank's process once its work is done and written, skipping the
     interpreter's teardown: there, gloo's threads sometimes aborted the process ("terminate
     called without an active exception"), which turned a finished trial into an error. Seen

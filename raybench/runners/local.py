@@ -24,7 +24,7 @@ import torch.multiprocessing as mp
 from raybench import fabric, metrics
 from raybench.context import WorkerContext, process_start
 from raybench.failures import failure
-from raybench.rank.launched import leave_rank, run_rank
+from raybench.rank.launched import run_rank
 from raybench.rank.loop import run_worker
 from raybench.records import TrialOutcome
 from raybench.runners.serial import PR_SET_PDEATHSIG, SerialRunner, gpus_missing
@@ -89,7 +89,6 @@ def _rank_main(rank: int, trial: TrialSpec, port: int, result: str,
                       LOCAL_WORLD_SIZE=str(hw.world_size), GROUP_RANK="0")
     run_rank(trial, trace_dir, Path(result),
              {"process_start": process_start(), "loop_entry": entry})
-    leave_rank()
 
 
 def end_with(driver: int) -> None:

@@ -125,7 +125,7 @@ def _rank(work: Path, trace_dir: str) -> None:
     entry = time.time()
     # after the entry stamp: a rank's imports are part of its measured start
     from raybench.context import process_start
-    from raybench.rank.launched import leave_rank, run_rank
+    from raybench.rank.launched import run_rank
 
     trial: TrialSpec = pickle.loads((work / "trial.pkl").read_bytes())
     try:
@@ -136,7 +136,6 @@ def _rank(work: Path, trace_dir: str) -> None:
         rank = int(os.environ["RANK"])
         (work / f"failed_{rank:04d}.json").write_text(json.dumps(out.to_dict(), default=str))
         raise
-    leave_rank()
 
 
 if __name__ == "__main__":
