@@ -107,7 +107,7 @@ class EngineHost:
         self.ended = False
         self.kv: list[float] = []
         self.kv_at = -np.inf  # when the KV cache's use was last read
-        self.usage = process.usage()  # this process's counters at the run's start
+        self.usage = process.usage()  # this process's counters; taken again as a run starts
         self.sampling = False
         self.nvml = telemetry.open_sampler(device.index or 0) if device.type == "cuda" \
             else None
