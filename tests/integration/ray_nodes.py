@@ -143,21 +143,34 @@ class LocalCluster:
         # Ray gives each worker a process group of its own, so the killpg above misses them;
         # they end when their raylet does, except one that hangs on its way out (seen once in a
         # CI run: a TrainController whose core worker had shut down, alive an hour later). They
-        # keep the session of the `ray start` that started them: end what is left of those.
-        for pid in self.leftovers():
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + 10
-        while self.leftovers() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if self.leftovers():
-            raise RuntimeError(f"processes of this test cluster outlived it: {self.leftovers()}")
+        # keep the session of the `ray start` that started them: end what is left of those,
+        # killed again on every look: a worker forked after a look (its parent killed a moment
+        # later) is not in that look's list. And read from one look: a clean clone of 937a1e6
+        # failed with "outlived it: []", the check and its message having looked twice while a
+        # SIGKILLed process was still being torn down (on 2 busy cores, freeing a trial's memory
+        # takes seconds); a process that ends within the grace has not outlived the cluster.
+        deadline = time.monotonic() + 30
+        while (left := session_processes({p.pid for p in self.procs})):
+            for proc in left:
+                try:
+                    proc.kill()
+                except psutil.Error:
+                    pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("processes of this test cluster outlived it by 30 s: "
+                                   + ", ".join(describe(p) for p in left))
+            time.sleep(0.2)
 
     def leftovers(self) -> list[int]:
         """Processes still running in the sessions of this cluster's `ray start` children."""
         return [p.pid for p in session_processes({p.pid for p in self.procs})]
+
+
+def describe(p: psutil.Process) -> str:
+    try:
+        return f"{p.pid} {p.name()} ({p.status()})"
+    except psutil.Error:
+        return f"{p.pid} (gone)"
 
 
 def session_processes(sessions: set[int]) -> list[psutil.Process]:
