@@ -16,6 +16,12 @@ STRAY = ("import os, signal, subprocess, sys, time; "
          "subprocess.Popen([sys.executable, '-c', 'import os, signal, time; os.setpgid(0, 0); "
          "signal.signal(signal.SIGTERM, signal.SIG_IGN); print(os.getpid(), flush=True); "
          "time.sleep(600)'], stdout=sys.stdout); time.sleep(600)")
+# two of them, each writing its pid in one write (two prints into one pipe interleaved)
+TWO_STRAYS = ("import subprocess, sys, time; "
+              "[subprocess.Popen([sys.executable, '-c', 'import os, signal, time; "
+              "os.setpgid(0, 0); signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+              "os.write(1, b\"%d\\\\n\" % os.getpid()); time.sleep(600)'], stdout=sys.stdout) "
+              "for _ in range(2)]; time.sleep(600)")
 
 
 def test_stop_ends_a_process_that_left_its_nodes_group_and_spares_others():
@@ -38,3 +44,33 @@ def test_stop_ends_a_process_that_left_its_nodes_group_and_spares_others():
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def test_stop_ends_a_process_its_first_look_missed(monkeypatch):
+    """A worker forked between a look and that look's kills (its parent killed a moment later)
+    is not in that look: the teardown must find and end it on a later look, not wait it out and
+    fail. Simulated with two strays, the first look seeing only one of them."""
+    from tests.integration import ray_nodes
+
+    real = ray_nodes.session_processes
+    cluster = LocalCluster()
+    node = subprocess.Popen([sys.executable, "-c", TWO_STRAYS], start_new_session=True,
+                            stdout=subprocess.PIPE, text=True)
+    cluster.procs.append(node)
+    looks = []
+    try:
+        strays = {int(node.stdout.readline()), int(node.stdout.readline())}
+        hidden = max(strays)
+
+        def first_look_misses_one(sessions):
+            found = real(sessions)
+            looks.append(sorted(p.pid for p in found))
+            return [p for p in found if p.pid != hidden] if len(looks) == 1 else found
+
+        monkeypatch.setattr(ray_nodes, "session_processes", first_look_misses_one)
+        cluster.stop()
+        assert hidden in looks[0] and len(looks) >= 2, looks
+        assert real({node.pid}) == []
+    finally:
+        for p in real({node.pid}):  # whatever a failure left
+            p.kill()
