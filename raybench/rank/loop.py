@@ -23,8 +23,7 @@ from typing import Any
 
 import torch
 
-from raybench import process as host
-from raybench import workloads
+from raybench import process, workloads
 from raybench.clock import StepClock
 from raybench.context import WorkerContext, check_env
 from raybench.memory import reset_peak_rss, steady_heap
@@ -71,7 +70,7 @@ def measure_rank(trial: TrialSpec, ctx: WorkerContext) -> RankRecord:
     if workload.epoch_based:
         if sampler:
             sampler.start()  # the whole training run: epochs are the measurement
-        before = host.usage()
+        before = process.usage()
         run = run_epochs(workload, ctx, clock, m.warmup_steps, lambda: _timed_step(s))
     else:
         warm = [_timed_step(s) for _ in range(m.warmup_steps)]
@@ -79,12 +78,12 @@ def measure_rank(trial: TrialSpec, ctx: WorkerContext) -> RankRecord:
         clock.clear()  # warmup's phase and own-compute times are not measurements
         if sampler:
             sampler.start()  # the measured window only: warmup and set-up are not steady state
-        before = host.usage()
+        before = process.usage()
         run = _run_windows(s, steps, m.repeats, m.max_repeats, m.sync)
         run["warm"] = warm + run["warm"]  # windows that became warmup come after the steps
         if run["warmup_windows"]:  # CPU time, faults and telemetry of the kept windows only
             before = run["kept_from"]
-    run["usage"] = host.window_usage(before, host.usage())
+    run["usage"] = process.window_usage(before, process.usage())
     stamps["measure_end"] = time.time()
     telemetry = sampler.stop() if sampler else []
     if run.get("warmup_windows"):
@@ -143,7 +142,7 @@ def _run_windows(s: Steps, steps: int, repeats: int, most: int | None = None,
         kept.append(s.clock.counts())
         s.ctx.barrier()  # ranks start each window together, so the windows overlap
         # its start on the clocks of CPU time, faults and GPU telemetry samples
-        starts.append({**host.usage(), "t": time.monotonic()})
+        starts.append({**process.usage(), "t": time.monotonic()})
         waits, compute, seconds, out["loss"] = window(s, steps)
         out["wait_s"] += waits
         out["compute_s"] += compute

@@ -10,18 +10,19 @@ import psutil
 
 from tests.integration.ray_nodes import LocalCluster
 
-# a stand-in for a Ray worker that hangs on its way out: a process group of its own (so a
-# killpg of its node's group misses it), SIGTERM ignored, its parent gone
-STRAY = ("import os, signal, subprocess, sys, time; "
-         "subprocess.Popen([sys.executable, '-c', 'import os, signal, time; os.setpgid(0, 0); "
-         "signal.signal(signal.SIGTERM, signal.SIG_IGN); print(os.getpid(), flush=True); "
-         "time.sleep(600)'], stdout=sys.stdout); time.sleep(600)")
-# two of them, each writing its pid in one write (two prints into one pipe interleaved)
-TWO_STRAYS = ("import subprocess, sys, time; "
-              "[subprocess.Popen([sys.executable, '-c', 'import os, signal, time; "
-              "os.setpgid(0, 0); signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-              "os.write(1, b\"%d\\\\n\" % os.getpid()); time.sleep(600)'], stdout=sys.stdout) "
-              "for _ in range(2)]; time.sleep(600)")
+
+# stand-ins for Ray workers that hang on their way out: each in a process group of its own (so a
+# killpg of its node's group misses it), SIGTERM ignored, its parent gone; each writes its pid
+# in one write (two prints into one pipe interleaved)
+def stray_script(n: int) -> str:
+    return ("import subprocess, sys, time; "
+            "[subprocess.Popen([sys.executable, '-c', 'import os, signal, time; "
+            "os.setpgid(0, 0); signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "os.write(1, b\"%d\\\\n\" % os.getpid()); time.sleep(600)'], stdout=sys.stdout) "
+            f"for _ in range({n})]; time.sleep(600)")
+
+
+STRAY = stray_script(1)
 
 
 def test_stop_ends_a_process_that_left_its_nodes_group_and_spares_others():
@@ -54,7 +55,7 @@ def test_stop_ends_a_process_its_first_look_missed(monkeypatch):
 
     real = ray_nodes.session_processes
     cluster = LocalCluster()
-    node = subprocess.Popen([sys.executable, "-c", TWO_STRAYS], start_new_session=True,
+    node = subprocess.Popen([sys.executable, "-c", stray_script(2)], start_new_session=True,
                             stdout=subprocess.PIPE, text=True)
     cluster.procs.append(node)
     looks = []
