@@ -1,4 +1,4 @@
-"""LLM serving through Ray: an async actor per replica, each request's tokens streamed back as a
+"""LLM serving through Ray: a threaded actor per replica, each request's tokens streamed back as a
 Ray streaming generator and stamped by the client as they arrive (scenarios/llm/run.py), side
 by side with the same trial in this process, on an embedded Ray of three CPUs."""
 
@@ -75,3 +75,24 @@ def test_the_tiny_llama_through_ray_and_in_process(embedded_ray):
         # and its threads' wait for a core is read (Linux)
         assert 0 < m["serve/replica_cpu_util_pct"] <= 100 * os.cpu_count(), runner
         assert m["serve/replica_run_wait_pct"] >= 0, runner
+
+
+def test_a_failed_server_probe_stops_its_requests_through_ray(embedded_ray):
+    """A Server run at ten times one slot's capacity (a request takes 95 ms, the first token
+    100 ms at most): once the late first tokens decide the verdict, the client cancels what
+    is left on the actor while the actor's token stream still runs (the cancel is a call of
+    its own beside the stream), every cancelled request ends as such, and the run ends."""
+    t = trial({"name": "fixed_tokens", "slots": 1, "prefill_ms": 50.0, "token_ms": 5.0},
+              scenario="server", rate_qps=100.0, ttft_bound_ms=100.0, warmup_batches=0,
+              probe_seconds=0.5, min_queries=40, input_tokens=8, output_tokens=10,
+              early_stopping=False)
+    out = run_trial(t, "ray")
+    assert out.status == "ok", out.error
+    m = out.metrics
+    (probe,) = json.loads(m["server/search"])
+    assert probe["stopped_early"] and not probe["passed"] and m["server/met_bound"] is False
+    errors = [r["error"] for r in out.records[0]["requests"]]
+    # one request was served before the verdict; those sent after it, unserved, ended as
+    # cancelled (not as failures, and not by the run's time limit)
+    assert errors.count(None) >= 1 and m["serve/failed"] == len(errors) - errors.count(None)
+    assert set(errors) - {None} == {"cancelled: its Server probe had already failed"}

@@ -416,3 +416,63 @@ def test_one_server_run_at_a_fixed_rate_needs_no_warmup():
     m = out.metrics
     assert m["server/rate_qps"] == 50.0 and m["server/probes"] == 1
     assert m["server/queries"] == 40 and m["serve/requests"] == 40
+
+
+def test_a_replicas_stream_for_a_thread_carries_what_its_event_loop_stream_does():
+    """`EngineHost.stream` (a threaded Ray actor's token stream) and `events` (the client's
+    event loop in-process) over the same requests: every request's counts in order up to its
+    last, with its token ids, what came before the reader started included, tokens of one
+    engine step joined into one item rather than one item each, and the stream ending after
+    `end`."""
+    import asyncio
+    import time
+
+    from raybench.scenarios.llm.host import EngineHost
+
+    (t,) = trials({"name": "fixed_tokens", "slots": 3, "prefill_ms": 1.0, "token_ms": 4.0},
+                  scenario="offline", samples=3, input_tokens=4, output_tokens=6,
+                  warmup_batches=0)
+    host = EngineHost(t)
+
+    def progress(items):
+        counts = {}
+        for batch in items:
+            for rid, count, _, finished, ids in batch:
+                counts.setdefault(rid, []).append(count)
+                if finished:
+                    assert ids == [0] * 6
+        return counts
+
+    def send(tag):
+        for i in range(3):
+            host.submit(f"{tag}{i}", [1, 2, 3, 4], 6)
+        time.sleep(0.01)  # the first tokens come before the reader starts
+
+    async def on_loop():
+        items = []
+        async for batch in host.events():
+            items.append(batch)
+            if sum(1 for b in items for e in b if e[3]) == 3:
+                host.end()
+        return items
+
+    try:
+        send("t")
+        items = []
+        for batch in host.stream():
+            items.append(batch)
+            if sum(1 for b in items for e in b if e[3]) == 3:
+                host.end()
+        send("a")
+        looped = asyncio.run(on_loop())
+    finally:
+        host.close()
+    for got, tag in ((items, "t"), (looped, "a")):
+        print(tag, [len(b) for b in got])
+        counts = progress(got)
+        assert sorted(counts) == [f"{tag}{i}" for i in range(3)]
+        for seen in counts.values():  # later items carry later counts, the last one 6
+            assert seen == sorted(seen) and seen[-1] == 6
+        # three slots in step: their 18 counts in far fewer items than one a count (a slot
+        # woken late on a busy machine may split one step's item)
+        assert len(got) <= 12, [len(b) for b in got]

@@ -1,4 +1,4 @@
-"""One LLM serving trial, on Ray (an async actor per replica, tokens streamed back as a Ray
+"""One LLM serving trial, on Ray (a threaded actor per replica, tokens streamed back as a Ray
 streaming generator) or in this process (the engines' threads, the client on an event loop).
 
 Owns starting the replicas (each request queued by a call, every request's tokens back on one
@@ -9,7 +9,7 @@ closed-loop users), the row metrics, and turning any failure into a row.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import numpy as np
@@ -24,6 +24,10 @@ from raybench.scenarios.llm import figures, lengths, load
 from raybench.scenarios.llm.host import EngineHost
 from raybench.scenarios.replica import local_devices
 from raybench.trials import TrialSpec
+
+# A replica actor's threads: its token stream holds one for the run; the rest take the calls
+# (a request's submit, a failed probe's cancel, the window's measure), each a moment's work.
+ACTOR_THREADS = 4
 
 declare(
     Metric("serve/replica_requests", "text", "requests each replica served (JSON list): the "
@@ -94,59 +98,67 @@ def _on_ray(trial: TrialSpec, start_timeout_s: float, logical_gpus: bool,
 
     hw = trial.hardware
 
-    class RayHost(EngineHost):  # async methods: an asyncio actor, requests in flight at once
+    class RayHost:
+        """A replica behind a threaded actor: its calls run on a few threads of the actor,
+        the token stream (`EngineHost.stream`) holding one of them for the run."""
+
         def __init__(self, trial: TrialSpec, index: int, logical_gpus: bool):
-            super().__init__(trial, index, node=ray.util.get_node_ip_address(),
-                             logical_gpus=logical_gpus)
+            self.host = EngineHost(trial, index, node=ray.util.get_node_ip_address(),
+                                   logical_gpus=logical_gpus)
 
-        async def submit_async(self, rid: str, prompt: list[int], n: int) -> None:
-            self.submit(rid, prompt, n)
+        def submit(self, rid: str, prompt: list[int], n: int) -> None:
+            self.host.submit(rid, prompt, n)
 
-        async def end_async(self) -> None:
-            self.end()
+        def events(self) -> Iterator[list[tuple]]:
+            yield from self.host.stream()
 
-        async def cancel_async(self, rids: list[str]) -> None:
-            self.cancel(rids)
+        def end(self) -> None:
+            self.host.end()
 
-        async def stats_async(self) -> dict[str, Any]:
-            return self.stats()
+        def cancel(self, rids: list[str]) -> None:
+            self.host.cancel(rids)
 
-        async def measure_async(self, on: bool) -> dict[str, Any]:
-            return self.measure(on)
+        def stats(self) -> dict[str, Any]:
+            return self.host.stats()
 
-        async def close_async(self) -> None:
-            self.close()
+        def measure(self, on: bool) -> dict[str, Any]:
+            return self.host.measure(on)
 
+        def close(self) -> None:
+            self.host.close()
+
+    # the stream, a request's submit, a Server probe's cancel and the window's measure at once
     actor = ray.remote(num_cpus=hw.cpus_per_worker, num_gpus=1 if hw.use_gpu else 0,
-                       max_restarts=0, **offline.env_option(hw.env))(RayHost)
+                       max_restarts=0, max_concurrency=ACTOR_THREADS,
+                       **offline.env_option(hw.env))(RayHost)
     actors = [actor.remote(trial, i, logical_gpus) for i in range(trial.inference.replicas)]
     try:
         # ready when start-up (engine, warmup, the accuracy check) is done; placement was
         # checked before, so the limit only bounds a start-up that never ends
-        ray.get([a.stats_async.remote() for a in actors], timeout=start_timeout_s + 600)
+        ray.get([a.stats.remote() for a in actors], timeout=start_timeout_s + 600)
 
         def replica(a: Any) -> load.Replica:
             async def submit(rid: str, prompt: list[int], n: int) -> None:
-                await a.submit_async.remote(rid, prompt, n)
+                await a.submit.remote(rid, prompt, n)
 
             async def events() -> AsyncIterator[list[tuple]]:
                 async for ref in a.events.options(num_returns="streaming").remote():
                     yield await ref
 
             async def end() -> None:
-                await a.end_async.remote()
+                await a.end.remote()
 
             async def cancel(rids: list[str]) -> None:
-                await a.cancel_async.remote(rids)
+                await a.cancel.remote(rids)
             return load.Replica(submit, events, end, cancel)
 
         def measure(on: bool) -> list[dict[str, Any]]:
-            return ray.get([a.measure_async.remote(on) for a in actors], timeout=60)
+            return ray.get([a.measure.remote(on) for a in actors], timeout=60)
 
         outcome = _scenario(trial, [replica(a) for a in actors], measure,
-                            lambda: ray.get([a.stats_async.remote() for a in actors],
+                            lambda: ray.get([a.stats.remote() for a in actors],
                                             timeout=60), artifacts)
-        ray.get([a.close_async.remote() for a in actors], timeout=60)
+        ray.get([a.close.remote() for a in actors], timeout=60)
         return outcome
     finally:
         for a in actors:
