@@ -476,3 +476,29 @@ def test_a_replicas_stream_for_a_thread_carries_what_its_event_loop_stream_does(
         # three slots in step: their 18 counts in far fewer items than one a count (a slot
         # woken late on a busy machine may split one step's item)
         assert len(got) <= 12, [len(b) for b in got]
+
+
+def test_a_token_after_its_reader_ended_waits_for_the_next_reader():
+    """A Server probe's reader ends with its event loop; a token the engine makes after that
+    (a request it had not yet dropped) must neither raise on the engine's thread (waking a
+    closed loop did, which would end the engine's output thread) nor be lost to the next
+    probe's reader."""
+    import asyncio
+
+    from raybench.scenarios.llm.host import EngineHost
+
+    (t,) = trials({"name": "fixed_tokens", "slots": 1}, scenario="offline", samples=1,
+                  input_tokens=4, output_tokens=2, warmup_batches=0)
+    host = EngineHost(t)
+
+    async def read_until_end():
+        host.end()
+        return [b async for b in host.events()]
+
+    try:
+        assert asyncio.run(read_until_end()) == []
+        host._emit("late", 1, False, 0.0, None)  # the engine's thread, the loop now closed
+        host.end()
+        assert list(host.stream()) == [[("late", 1, 0.0, False, None)]]
+    finally:
+        host.close()

@@ -188,9 +188,13 @@ class EngineHost:
             self._sample_kv()
         with self.lock:
             self.outbox.append((rid, count, stamp, finished, ids))
-            wake, self.waking = not self.waking, True
-        if wake and self.wake is not None:
-            self.wake()
+            wake = self.wake if not self.waking else None
+            self.waking = True
+        if wake is not None:
+            try:
+                wake()
+            except RuntimeError:  # its event loop closed meanwhile: the next reader takes it
+                pass
 
     def _take(self) -> list[tuple]:
         with self.lock:
@@ -204,20 +208,34 @@ class EngineHost:
         replica behind Ray sends an object per engine step, not one per request and step.
         Read on the client's event loop (in-process); `stream` is the same for a thread."""
         loop, ready = asyncio.get_running_loop(), asyncio.Event()
-        self.ended = False
-        self.wake = lambda: loop.call_soon_threadsafe(ready.set)
-        if self.outbox:
+        self.wake = wake = lambda: loop.call_soon_threadsafe(ready.set)
+        if self.outbox or self.ended:  # what came before it, or an `end` that did
             ready.set()
         last = 0.0
-        while not self.ended:
-            await ready.wait()
-            ready.clear()
-            gap = EVENTS_EVERY_S - (time.monotonic() - last)
-            if gap > 0:  # at most one item a millisecond: what came meanwhile joins it
-                await asyncio.sleep(gap)
-            batch, last = self._take(), time.monotonic()
-            if batch:
-                yield batch
+        try:
+            while True:  # until `end`, what came before it delivered
+                await ready.wait()
+                ready.clear()
+                gap = EVENTS_EVERY_S - (time.monotonic() - last)
+                if gap > 0:  # at most one item a millisecond: what came meanwhile joins it
+                    await asyncio.sleep(gap)
+                ended = self.ended
+                batch, last = self._take(), time.monotonic()
+                if batch:
+                    yield batch
+                if ended:
+                    break
+        finally:
+            self._unwake(wake)
+
+    def _unwake(self, wake: Callable[[], None]) -> None:
+        # The reader ended: its `end` is spent (one that came before the reader started
+        # still ends it: a threaded actor may run the two calls in either order), and a token
+        # after it waits for the next reader (waking a closed event loop would raise on the
+        # engine's thread).
+        with self.lock:
+            if self.wake is wake:
+                self.wake, self.waking, self.ended = None, False, False
 
     def stream(self) -> Iterator[list[tuple]]:
         """`events` for a thread that may block: a threaded Ray actor's streaming method,
@@ -225,20 +243,25 @@ class EngineHost:
         its event loop and an executor thread per item, each wanting the GIL the engine's
         own Python needs: about 1.8% of a core at 20 items a second against 1.3% (journal)."""
         ready = threading.Event()
-        self.ended = False
-        self.wake = ready.set
-        if self.outbox:
+        self.wake = wake = ready.set
+        if self.outbox or self.ended:
             ready.set()
         last = 0.0
-        while not self.ended:
-            ready.wait()
-            ready.clear()
-            gap = EVENTS_EVERY_S - (time.monotonic() - last)
-            if gap > 0:
-                time.sleep(gap)
-            batch, last = self._take(), time.monotonic()
-            if batch:
-                yield batch
+        try:
+            while True:
+                ready.wait()
+                ready.clear()
+                gap = EVENTS_EVERY_S - (time.monotonic() - last)
+                if gap > 0:
+                    time.sleep(gap)
+                ended = self.ended
+                batch, last = self._take(), time.monotonic()
+                if batch:
+                    yield batch
+                if ended:
+                    break
+        finally:
+            self._unwake(wake)
 
     def end(self) -> None:
         self.ended = True
