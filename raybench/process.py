@@ -2,8 +2,10 @@
 
 Read at a window's edges by a rank's timed loop (rank/loop.py: the row's `host/*` figures) and
 by a serving replica over its run (scenarios/llm/host.py: `serve/replica_*`): whether the
-process had the CPU the trial assumed, or shared it. A shared leaf, since both use it. Linux's
-counters; None where the kernel keeps no such count.
+process had the CPU the trial assumed, or shared it; for a replica also its busiest thread
+(the engine's loop), whose share of the run says whether the engine was bound by its host.
+A shared leaf, since both use it. Linux's counters; None where the kernel keeps no such
+count.
 """
 
 from __future__ import annotations
@@ -51,3 +53,42 @@ def run_wait_s() -> float | None:
     except OSError:
         return None
     return total / 1e9
+
+
+def thread_times() -> dict[int, tuple[float, float]] | None:
+    """Each live thread of this process: seconds it ran and seconds it waited for a core
+    (Linux schedstat); None where the kernel keeps no such count."""
+    out: dict[int, tuple[float, float]] = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                ran, waited = f.read().split()[:2]
+        except (OSError, ValueError):
+            continue  # a thread that ended meanwhile
+        out[int(tid)] = (int(ran) / 1e9, int(waited) / 1e9)
+    return out
+
+
+def busiest_thread(before: dict[int, tuple[float, float]] | None,
+                   after: dict[int, tuple[float, float]] | None, seconds: float
+                   ) -> dict[str, float | None]:
+    """The thread that ran most over a window (one that started in it counts from zero; one
+    that ended in it is not seen): its share of the window running and waiting for a core.
+    A serving engine's loop is one such thread: near 100% running, the engine was bound by
+    its host's CPU (or by the GIL the other threads took), not by its device. Where the
+    process shares the GIL with others, what it lost to them shows here and not in the
+    process's total: the async Ray actor's event loop and executor took 1-3 points of the
+    engine loop's 99% (journal, 2026-12-06)."""
+    if before is None or after is None or seconds <= 0:
+        return {"busiest_thread_pct": None, "busiest_thread_wait_pct": None}
+    ran = {t: (r - before.get(t, (0.0, 0.0))[0], w - before.get(t, (0.0, 0.0))[1])
+           for t, (r, w) in after.items()}
+    if not ran:
+        return {"busiest_thread_pct": None, "busiest_thread_wait_pct": None}
+    run_s, wait_s = max(ran.values())
+    return {"busiest_thread_pct": 100.0 * run_s / seconds,
+            "busiest_thread_wait_pct": 100.0 * max(0.0, wait_s) / seconds}

@@ -58,6 +58,7 @@ def serving_overhead(trial: TrialSpec, rounds: int) -> dict[str, Any]:
     # where the cores went: the engine's process waiting for one (through Ray beside Ray's
     # own processes; in-process beside the client, which shares the process)
     for key in ("serve/client_lag_p99_ms", "serve/replica_cpu_util_pct",
-                "serve/replica_run_wait_pct"):
+                "serve/replica_run_wait_pct", "serve/replica_busiest_thread_pct",
+                "serve/replica_busiest_thread_wait_pct"):
         out[key.split("/")[1]] = {side: [m.get(key) for m in ms] for side, ms in sides.items()}
     return out

@@ -75,6 +75,11 @@ def test_the_tiny_llama_through_ray_and_in_process(embedded_ray):
         # and its threads' wait for a core is read (Linux)
         assert 0 < m["serve/replica_cpu_util_pct"] <= 100 * os.cpu_count(), runner
         assert m["serve/replica_run_wait_pct"] >= 0, runner
+        # its busiest thread (the engine's loop) is one thread: at most the whole window (a
+        # run of about 80 ms here; the counters are read a moment apart, so 5 points over)
+        busiest = m["serve/replica_busiest_thread_pct"]
+        print(runner, busiest, m["serve/replica_cpu_util_pct"], m["serve/wall_s"])
+        assert 0 < busiest <= 105 and 0 <= m["serve/replica_busiest_thread_wait_pct"] <= 105
 
 
 def test_a_failed_server_probe_stops_its_requests_through_ray(embedded_ray):

@@ -62,6 +62,11 @@ declare(
     Metric("serve/replica_run_wait_pct", "%", "time a replica process's threads were ready "
            "to run but waited for a core over the run (100 = one thread the whole run; Linux "
            "schedstat), the most of any replica: whether the engine had the cores it assumed"),
+    Metric("serve/replica_busiest_thread_pct", "%", "share of the run the busiest thread of "
+           "a replica's process ran (the engine's loop; Linux schedstat), the most of any "
+           "replica: near 100, the engine was bound by its host's CPU or GIL, not its device"),
+    Metric("serve/replica_busiest_thread_wait_pct", "%", "share of the run that same thread "
+           "was ready to run but waited for a core, the most of any replica"),
     Metric("serve/kv_use_peak_pct", "%", "the engine's KV cache in use, highest sampled"),
     Metric("serve/kv_use_mean_pct", "%", "the engine's KV cache in use, mean of the samples"),
     Metric("serve/mlperf_min_duration_met", "bool", "the run lasted MLPerf's 600 s minimum "

@@ -108,6 +108,7 @@ class EngineHost:
         self.kv: list[float] = []
         self.kv_at = -np.inf  # when the KV cache's use was last read
         self.usage = process.usage()  # this process's counters; taken again as a run starts
+        self.threads = process.thread_times()
         self.sampling = False
         self.nvml = telemetry.open_sampler(device.index or 0) if device.type == "cuda" \
             else None
@@ -166,16 +167,20 @@ class EngineHost:
             self.kv, self.kv_at = [], -np.inf
             self.sampling = True
             self.usage = process.usage()
+            self.threads = process.thread_times()
             if self.nvml is not None:
                 self.nvml.samples = []
                 self.nvml.start()
             return {}
         self.sampling = False
         gpu = telemetry.aggregate(self.nvml.stop(), 1) if self.nvml is not None else {}
-        used = process.window_usage(self.usage, process.usage())
+        now = process.usage()
+        used = process.window_usage(self.usage, now)
         return {"kv": list(self.kv), "energy_j": gpu.get("energy_j"),
                 "power_mean_w": gpu.get("power_mean_w"), "cpu_util_pct": used["cpu_util_pct"],
-                "run_wait_pct": used["run_wait_pct"]}
+                "run_wait_pct": used["run_wait_pct"],
+                **process.busiest_thread(self.threads, process.thread_times(),
+                                         now["wall"] - self.usage["wall"])}
 
     def submit(self, rid: str, prompt: list[int], n: int) -> None:
         """Queue a request; its progress comes out of `events`."""

@@ -301,6 +301,8 @@ def _facts(trial: TrialSpec, records: list[dict[str, Any]], stats: list[dict[str
         "serve/concurrency": inf.concurrency if inf.scenario == "concurrency" else None,
         "serve/replica_cpu_util_pct": _most(windows, "cpu_util_pct"),
         "serve/replica_run_wait_pct": _most(windows, "run_wait_pct"),
+        "serve/replica_busiest_thread_pct": _most(windows, "busiest_thread_pct"),
+        "serve/replica_busiest_thread_wait_pct": _most(windows, "busiest_thread_wait_pct"),
         "serve/kv_use_peak_pct": 100 * max(samples) if samples else None,
         "serve/kv_use_mean_pct": 100 * float(np.mean(samples)) if samples else None,
         "serve/replica_requests": json.dumps(served),

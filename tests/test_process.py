@@ -1,0 +1,53 @@
+"""The process counters' leaf (process.py): the busiest thread over a window."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+
+from raybench import process
+
+
+def test_the_busiest_thread_is_the_one_that_ran_most_in_the_window():
+    """Constructed counters: a thread that started in the window counts from zero, and the
+    figures are that one thread's, not the process's sum."""
+    before = {1: (10.0, 1.0), 2: (50.0, 0.0)}
+    after = {1: (10.5, 1.1), 2: (50.2, 0.0), 3: (0.9, 0.05)}  # 3 started in the window
+    out = process.busiest_thread(before, after, 1.0)
+    assert out["busiest_thread_pct"] == pytest.approx(90.0)
+    assert out["busiest_thread_wait_pct"] == pytest.approx(5.0)
+    assert process.busiest_thread(None, after, 1.0)["busiest_thread_pct"] is None
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="Linux's per-thread counters")
+def test_a_spinning_thread_is_found_among_idle_ones():
+    """A thread that spins through a 0.3 s window beside three that sleep and the main thread
+    that waits: the busiest thread's time is most of the process's CPU time over the window
+    (however busy the machine, since both are CPU time, not wall time)."""
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            pass
+
+    threads = [threading.Thread(target=stop.wait) for _ in range(3)]
+    threads.append(threading.Thread(target=spin))
+    for t in threads:
+        t.start()
+    try:
+        cpu0, threads0, wall0 = os.times(), process.thread_times(), time.perf_counter()
+        time.sleep(0.3)
+        cpu1, threads1, wall1 = os.times(), process.thread_times(), time.perf_counter()
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    out = process.busiest_thread(threads0, threads1, wall1 - wall0)
+    used = (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)
+    ran = out["busiest_thread_pct"] / 100 * (wall1 - wall0)
+    print(out, used)
+    assert 0.8 * used - 0.02 <= ran <= used + 0.02  # os.times ticks at 10 ms
+    assert 0 <= out["busiest_thread_wait_pct"] <= 100
