@@ -13,22 +13,24 @@ from __future__ import annotations
 import os
 import resource
 import time
+from typing import Any
 
 
-def usage() -> dict[str, float | None]:
+def usage() -> dict[str, Any]:
     """This process's counters at a window's edge: CPU time of it and its finished children
     (DataLoader workers count once they exit; live ones are measured by the OS, not here), its
     minor page faults (heap pages handed back to the OS and touched again: glibc's malloc,
     memory.steady_heap), its threads' time ready to run but waiting for a core (another
-    process's work, or more threads than cores), and the clock."""
+    process's work, or more threads than cores), each thread's own times, and the clock."""
     t = os.times()
+    threads = thread_times()
+    wait = None if threads is None else sum(w for _, w in threads.values())
     return {"cpu": t.user + t.system + t.children_user + t.children_system,
             "faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt,
-            "wait": run_wait_s(), "wall": time.perf_counter()}
+            "wait": wait, "threads": threads, "wall": time.perf_counter()}
 
 
-def window_usage(before: dict[str, float | None], after: dict[str, float | None]
-                 ) -> dict[str, float | None]:
+def window_usage(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float | None]:
     """The process's figures over a window from `usage()` at its edges."""
     s = after["wall"] - before["wall"]
     wait = (None if after["wait"] is None or before["wait"] is None
@@ -38,26 +40,10 @@ def window_usage(before: dict[str, float | None], after: dict[str, float | None]
             "run_wait_pct": wait}
 
 
-def run_wait_s() -> float | None:
-    """Seconds this process's threads have spent runnable but not running (Linux schedstat,
-    summed over threads; None where the kernel keeps no such count). A thread that ended
-    between two readings takes its wait with it: the window's threads are the rank's own."""
-    total = 0
-    try:
-        for tid in os.listdir("/proc/self/task"):
-            try:
-                with open(f"/proc/self/task/{tid}/schedstat") as f:
-                    total += int(f.read().split()[1])
-            except (FileNotFoundError, ProcessLookupError):
-                continue  # a thread that ended meanwhile
-    except OSError:
-        return None
-    return total / 1e9
-
-
 def thread_times() -> dict[int, tuple[float, float]] | None:
     """Each live thread of this process: seconds it ran and seconds it waited for a core
-    (Linux schedstat); None where the kernel keeps no such count."""
+    (Linux schedstat); None where the kernel keeps no such count. A thread that ended
+    between two readings takes its times with it: the window's threads are the rank's own."""
     out: dict[int, tuple[float, float]] = {}
     try:
         tids = os.listdir("/proc/self/task")
@@ -73,22 +59,18 @@ def thread_times() -> dict[int, tuple[float, float]] | None:
     return out
 
 
-def busiest_thread(before: dict[int, tuple[float, float]] | None,
-                   after: dict[int, tuple[float, float]] | None, seconds: float
-                   ) -> dict[str, float | None]:
-    """The thread that ran most over a window (one that started in it counts from zero; one
-    that ended in it is not seen): its share of the window running and waiting for a core.
-    A serving engine's loop is one such thread: near 100% running, the engine was bound by
-    its host's CPU (or by the GIL the other threads took), not by its device. Where the
-    process shares the GIL with others, what it lost to them shows here and not in the
-    process's total: the async Ray actor's event loop and executor took 1-3 points of the
-    engine loop's 99% (journal, 2026-12-06)."""
-    if before is None or after is None or seconds <= 0:
+def busiest_thread(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float | None]:
+    """The thread that ran most over a window, from `usage()` at its edges (one that started
+    in it counts from zero; one that ended in it is not seen): its share of the window
+    running and waiting for a core. A serving engine's loop is one such thread: near 100%
+    running, the engine was bound by its host's CPU (or by the GIL the other threads took),
+    not by its device. Where the process shares the GIL with others, what it lost to them
+    shows here and not in the process's total: the async Ray actor's event loop and executor
+    took 1-3 points of the engine loop's 99% (journal, 2026-12-06)."""
+    was, now, seconds = before["threads"], after["threads"], after["wall"] - before["wall"]
+    if was is None or now is None or not now or seconds <= 0:
         return {"busiest_thread_pct": None, "busiest_thread_wait_pct": None}
-    ran = {t: (r - before.get(t, (0.0, 0.0))[0], w - before.get(t, (0.0, 0.0))[1])
-           for t, (r, w) in after.items()}
-    if not ran:
-        return {"busiest_thread_pct": None, "busiest_thread_wait_pct": None}
-    run_s, wait_s = max(ran.values())
+    run_s, wait_s = max((r - was.get(t, (0.0, 0.0))[0], w - was.get(t, (0.0, 0.0))[1])
+                        for t, (r, w) in now.items())
     return {"busiest_thread_pct": 100.0 * run_s / seconds,
             "busiest_thread_wait_pct": 100.0 * max(0.0, wait_s) / seconds}

@@ -16,10 +16,13 @@ def test_the_busiest_thread_is_the_one_that_ran_most_in_the_window():
     figures are that one thread's, not the process's sum."""
     before = {1: (10.0, 1.0), 2: (50.0, 0.0)}
     after = {1: (10.5, 1.1), 2: (50.2, 0.0), 3: (0.9, 0.05)}  # 3 started in the window
-    out = process.busiest_thread(before, after, 1.0)
+    out = process.busiest_thread({"threads": before, "wall": 3.0},
+                                 {"threads": after, "wall": 4.0})
     assert out["busiest_thread_pct"] == pytest.approx(90.0)
     assert out["busiest_thread_wait_pct"] == pytest.approx(5.0)
-    assert process.busiest_thread(None, after, 1.0)["busiest_thread_pct"] is None
+    unknown = process.busiest_thread({"threads": None, "wall": 3.0},
+                                     {"threads": after, "wall": 4.0})
+    assert unknown["busiest_thread_pct"] is None
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="Linux's per-thread counters")
@@ -38,16 +41,16 @@ def test_a_spinning_thread_is_found_among_idle_ones():
     for t in threads:
         t.start()
     try:
-        cpu0, threads0, wall0 = os.times(), process.thread_times(), time.perf_counter()
+        cpu0, u0 = os.times(), process.usage()
         time.sleep(0.3)
-        cpu1, threads1, wall1 = os.times(), process.thread_times(), time.perf_counter()
+        cpu1, u1 = os.times(), process.usage()
     finally:
         stop.set()
         for t in threads:
             t.join()
-    out = process.busiest_thread(threads0, threads1, wall1 - wall0)
+    out = process.busiest_thread(u0, u1)
     used = (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)
-    ran = out["busiest_thread_pct"] / 100 * (wall1 - wall0)
+    ran = out["busiest_thread_pct"] / 100 * (u1["wall"] - u0["wall"])
     print(out, used)
     assert 0.8 * used - 0.02 <= ran <= used + 0.02  # os.times ticks at 10 ms
     assert 0 <= out["busiest_thread_wait_pct"] <= 100

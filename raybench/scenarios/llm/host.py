@@ -108,7 +108,6 @@ class EngineHost:
         self.kv: list[float] = []
         self.kv_at = -np.inf  # when the KV cache's use was last read
         self.usage = process.usage()  # this process's counters; taken again as a run starts
-        self.threads = process.thread_times()
         self.sampling = False
         self.nvml = telemetry.open_sampler(device.index or 0) if device.type == "cuda" \
             else None
@@ -167,7 +166,6 @@ class EngineHost:
             self.kv, self.kv_at = [], -np.inf
             self.sampling = True
             self.usage = process.usage()
-            self.threads = process.thread_times()
             if self.nvml is not None:
                 self.nvml.samples = []
                 self.nvml.start()
@@ -178,9 +176,7 @@ class EngineHost:
         used = process.window_usage(self.usage, now)
         return {"kv": list(self.kv), "energy_j": gpu.get("energy_j"),
                 "power_mean_w": gpu.get("power_mean_w"), "cpu_util_pct": used["cpu_util_pct"],
-                "run_wait_pct": used["run_wait_pct"],
-                **process.busiest_thread(self.threads, process.thread_times(),
-                                         now["wall"] - self.usage["wall"])}
+                "run_wait_pct": used["run_wait_pct"], **process.busiest_thread(self.usage, now)}
 
     def submit(self, rid: str, prompt: list[int], n: int) -> None:
         """Queue a request; its progress comes out of `events`."""
@@ -201,37 +197,24 @@ class EngineHost:
             except RuntimeError:  # its event loop closed meanwhile: the next reader takes it
                 pass
 
-    def _take(self) -> list[tuple]:
+    def _attach(self, wake: Callable[[], None]) -> bool:
+        """A reader starts with this wake-up; True: something already waits for it (what
+        came before it, or an `end` that did)."""
+        self.wake = wake
+        return bool(self.outbox) or self.ended
+
+    @staticmethod
+    def _gap(last: float) -> float:
+        # at most one item a millisecond: what comes meanwhile joins it
+        return EVENTS_EVERY_S - (time.monotonic() - last)
+
+    def _collect(self) -> tuple[list[tuple], bool, float]:
+        """What came since the last item, whether the reader is to end after it (read first,
+        so that what came before an `end` is in this item), and the time."""
+        ended = self.ended
         with self.lock:
             batch, self.outbox, self.waking = self.outbox, [], False
-        return batch
-
-    async def events(self) -> AsyncIterator[list[tuple]]:
-        """Every request's progress since the last item, as it comes: (request id, tokens so
-        far, the engine's stamp, finished, the token ids at the end); a count of -1: the
-        engine failed it, -2: cancelled. Ends after `end`. One stream for all requests, so a
-        replica behind Ray sends an object per engine step, not one per request and step.
-        Read on the client's event loop (in-process); `stream` is the same for a thread."""
-        loop, ready = asyncio.get_running_loop(), asyncio.Event()
-        self.wake = wake = lambda: loop.call_soon_threadsafe(ready.set)
-        if self.outbox or self.ended:  # what came before it, or an `end` that did
-            ready.set()
-        last = 0.0
-        try:
-            while True:  # until `end`, what came before it delivered
-                await ready.wait()
-                ready.clear()
-                gap = EVENTS_EVERY_S - (time.monotonic() - last)
-                if gap > 0:  # at most one item a millisecond: what came meanwhile joins it
-                    await asyncio.sleep(gap)
-                ended = self.ended
-                batch, last = self._take(), time.monotonic()
-                if batch:
-                    yield batch
-                if ended:
-                    break
-        finally:
-            self._unwake(wake)
+        return batch, ended, time.monotonic()
 
     def _unwake(self, wake: Callable[[], None]) -> None:
         # The reader ended: its `end` is spent (one that came before the reader started
@@ -242,29 +225,50 @@ class EngineHost:
             if self.wake is wake:
                 self.wake, self.waking, self.ended = None, False, False
 
+    async def events(self) -> AsyncIterator[list[tuple]]:
+        """Every request's progress since the last item, as it comes: (request id, tokens so
+        far, the engine's stamp, finished, the token ids at the end); a count of -1: the
+        engine failed it, -2: cancelled. Ends after `end`. One stream for all requests, so a
+        replica behind Ray sends an object per engine step, not one per request and step.
+        Read on the client's event loop (in-process); `stream` is the same for a thread."""
+        loop, ready = asyncio.get_running_loop(), asyncio.Event()
+
+        def wake() -> None:
+            loop.call_soon_threadsafe(ready.set)
+        if self._attach(wake):
+            ready.set()
+        last, ended = 0.0, False
+        try:
+            while not ended:
+                await ready.wait()
+                ready.clear()
+                if (gap := self._gap(last)) > 0:
+                    await asyncio.sleep(gap)
+                batch, ended, last = self._collect()
+                if batch:
+                    yield batch
+        finally:
+            self._unwake(wake)
+
     def stream(self) -> Iterator[list[tuple]]:
         """`events` for a thread that may block: a threaded Ray actor's streaming method,
         which hands each item to Ray from that one thread. An async actor's generator took
         its event loop and an executor thread per item, each wanting the GIL the engine's
         own Python needs: about 1.8% of a core at 20 items a second against 1.3% (journal)."""
         ready = threading.Event()
-        self.wake = wake = ready.set
-        if self.outbox or self.ended:
+        wake = ready.set  # one bound method: `_unwake` knows its own reader by identity
+        if self._attach(wake):
             ready.set()
-        last = 0.0
+        last, ended = 0.0, False
         try:
-            while True:
+            while not ended:
                 ready.wait()
                 ready.clear()
-                gap = EVENTS_EVERY_S - (time.monotonic() - last)
-                if gap > 0:
+                if (gap := self._gap(last)) > 0:
                     time.sleep(gap)
-                ended = self.ended
-                batch, last = self._take(), time.monotonic()
+                batch, ended, last = self._collect()
                 if batch:
                     yield batch
-                if ended:
-                    break
         finally:
             self._unwake(wake)
 
