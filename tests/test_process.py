@@ -28,8 +28,9 @@ def test_the_busiest_thread_is_the_one_that_ran_most_in_the_window():
 @pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="Linux's per-thread counters")
 def test_a_spinning_thread_is_found_among_idle_ones():
     """A thread that spins through a 0.3 s window beside three that sleep and the main thread
-    that waits: the busiest thread's time is most of the process's CPU time over the window
-    (however busy the machine, since both are CPU time, not wall time)."""
+    that waits: the busiest thread's time is most of the process's CPU time over the window,
+    the sum of its threads' times at the same two readings (however busy the machine, since
+    both are CPU time, not wall time)."""
     stop = threading.Event()
 
     def spin():
@@ -41,16 +42,19 @@ def test_a_spinning_thread_is_found_among_idle_ones():
     for t in threads:
         t.start()
     try:
-        cpu0, u0 = os.times(), process.usage()
+        u0 = process.usage()
         time.sleep(0.3)
-        cpu1, u1 = os.times(), process.usage()
+        u1 = process.usage()
     finally:
         stop.set()
         for t in threads:
             t.join()
     out = process.busiest_thread(u0, u1)
-    used = (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)
     ran = out["busiest_thread_pct"] / 100 * (u1["wall"] - u0["wall"])
-    print(out, used)
-    assert 0.8 * used - 0.02 <= ran <= used + 0.02  # os.times ticks at 10 ms
+    # a clock read apart from the threads' readings is no reference: the spinner holds the
+    # GIL, so the main thread's next reading comes up to a switch interval (5 ms) per step
+    # later, and os.times or time.process_time read 0.364 s where the spinner ran 0.393 s
+    used = sum(r - u0["threads"].get(t, (0.0, 0.0))[0] for t, (r, _) in u1["threads"].items())
+    print(out, ran, used)
+    assert 0.8 * used - 0.02 <= ran <= used + 0.02
     assert 0 <= out["busiest_thread_wait_pct"] <= 100
