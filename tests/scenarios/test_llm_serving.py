@@ -298,6 +298,28 @@ def test_request_lengths_drawn_from_a_file(tmp_path):
     assert (lengths.requests(t.inference, 12) == drawn).all()  # the same draw every time
 
 
+def test_the_overhead_files_draw_spread_lengths_that_fit(monkeypatch):
+    # `bench overhead`'s serving files: the CPU sweep and the GPU run's step draw their
+    # lengths from the committed files (paths from the project root), spread rather than one
+    # length, within what each model holds
+    monkeypatch.chdir(ROOT)
+    (t,) = expand(load_sweep(ROOT / "sweeps" / "llm_serve_overhead_cpu.yaml", []))
+    drawn = lengths.requests(t.inference, t.inference.samples)
+    assert drawn[:, 0].min() >= 32 and drawn[:, 0].max() <= 96 and \
+        drawn[:, 1].min() >= 16 and drawn[:, 1].max() <= 48
+    assert 60 <= drawn[:, 0].mean() <= 70 and 28 <= drawn[:, 1].mean() <= 36
+    assert len(np.unique(drawn[:, 1])) >= 20  # users that do not finish in step
+    gpu = ROOT / "docs" / "results" / "2026-11-27_h100_ray" / "sweeps" / "llm_serve.yaml"
+    (t,) = expand(load_sweep(gpu, [
+        "inference.scenario=concurrency", "inference.concurrency=64",
+        "grid={concurrency: [64]}", "inference.input_tokens=null",
+        "inference.output_tokens=null",
+        "inference.lengths_file=sweeps/lengths/spread_128_128.csv"]))
+    drawn = lengths.requests(t.inference, t.inference.samples)
+    assert 120 <= drawn[:, 0].mean() <= 136 and 120 <= drawn[:, 1].mean() <= 136
+    assert drawn.min() >= 64 and drawn.max() <= 192
+
+
 @pytest.mark.parametrize("text, problem", [
     ("prompt,output_tokens\n16,4\n", "no column input_tokens"),
     ("input_tokens,output_tokens\n16,0\n", "whole numbers of at least 1"),

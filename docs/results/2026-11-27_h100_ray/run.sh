@@ -104,9 +104,14 @@ print(torch.cuda.get_device_name(0), torch.cuda.device_count())"
     llm_curve) sweep $sw/llm_serve.yaml --output runs/llm_curve \
         --set inference.scenario=concurrency --set inference.concurrency=1 \
         --set 'grid={concurrency: [1, 4, 16, 64, 256]}' ;;
+    # lengths drawn from a file (64-192 tokens in and out): with one length for all, the
+    # users' requests start and end together, and on the VM the rounds moved about twice as
+    # much (journal, fifteenth session)
     llm_serve_overhead) $py -m raybench.bench overhead $sw/llm_serve.yaml --rounds 3 \
         --set inference.scenario=concurrency --set inference.concurrency=64 \
-        --set 'grid={concurrency: [64]}' ;;
+        --set 'grid={concurrency: [64]}' --set inference.input_tokens=null \
+        --set inference.output_tokens=null \
+        --set inference.lengths_file=sweeps/lengths/spread_128_128.csv ;;
     *) echo "unknown step $1"; return 2 ;;
   esac
 }
