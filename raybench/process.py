@@ -70,7 +70,10 @@ def busiest_thread(before: dict[str, Any], after: dict[str, Any]) -> dict[str, f
     was, now, seconds = before["threads"], after["threads"], after["wall"] - before["wall"]
     if was is None or now is None or not now or seconds <= 0:
         return {"busiest_thread_pct": None, "busiest_thread_wait_pct": None}
-    run_s, wait_s = max((r - was.get(t, (0.0, 0.0))[0], w - was.get(t, (0.0, 0.0))[1])
-                        for t, (r, w) in now.items())
+
+    def since(tid: int, ran: float, waited: float) -> tuple[float, float]:
+        ran0, waited0 = was.get(tid, (0.0, 0.0))
+        return ran - ran0, waited - waited0
+    run_s, wait_s = max(since(t, r, w) for t, (r, w) in now.items())
     return {"busiest_thread_pct": 100.0 * run_s / seconds,
             "busiest_thread_wait_pct": 100.0 * max(0.0, wait_s) / seconds}

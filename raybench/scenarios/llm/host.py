@@ -5,11 +5,10 @@ The same object runs in a thread of this process (the local runner) and inside a
 actor (one per replica, its GPU its own); it imports no Ray. `events` is an async generator
 of every request's progress: in-process the client iterates it on its own event loop; through
 Ray `stream`, the same for a thread, is the actor's streaming method, each item an object the
-client awaits. An item holds
-what all requests made since the last one (with the engine's stamp of each token count), so
-the way back costs an object per engine step, whatever the number of requests: with one
-stream per request, tiny Llama's 16 users through Ray on 2 cores got 0.68 of the in-process
-tokens/s.
+client awaits. An item holds what all requests made since the last one (with the engine's
+stamp of each token count), so the way back costs an object per engine step, whatever the
+number of requests: with one stream per request, tiny Llama's 16 users through Ray on 2 cores
+got 0.68 of the in-process tokens/s.
 """
 
 from __future__ import annotations
